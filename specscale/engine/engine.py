@@ -1,0 +1,312 @@
+"""Engine: add / extend / fork / abort sequences and step() them through schedule -> run -> update.
+
+A generating sequence runs one *segment* at a time: it samples until EOS, its segment's
+max_new_tokens, the context cap, or a stop string. At a stop string it is PAUSED with its KV kept;
+`extend` starts its next segment without recomputing the prefix, `fork` shares its blocks.
+
+A sequence of multiplicity m (computation deduplication) draws m independent tokens per iteration
+from its one logits row; equal draws stay together and each further distinct token forks a child
+sequence of multiplicity = its count. The m logical candidates are distributed exactly like m
+independent sequences.
+
+A prefill-only (readout) sequence computes given tokens and returns the head outputs at requested
+positions (the PRM verifier's path), then pauses so a later call can extend it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from specscale.config import EngineConfig
+from specscale.engine.block_manager import BlockManager
+from specscale.engine.sampler import Sampler, SampleRow
+from specscale.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
+from specscale.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+from specscale.model.loader import load_model, read_hf_config
+from specscale.model.runner import ModelRunner, RunnerOutput, kv_bytes_per_block
+from specscale.tokenizer import Tokenizer
+
+
+@dataclass
+class SequenceOutput:
+    """What happened to one sequence in one iteration."""
+
+    seq_id: int
+    new_token_ids: list[int]
+    status: SequenceStatus
+    finish_reason: FinishReason | None
+    multiplicity: int
+    parent_id: int | None = None  # set when this sequence split off parent_id in this iteration (CD)
+    readouts: torch.Tensor | None = None  # [positions, head_out] once a readout sequence completes
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        hf_config = read_hf_config(config.model)
+        model_max = hf_config.get("max_position_embeddings", 4096)
+        self.max_model_len = min(config.max_model_len or model_max, model_max)
+        self.model = load_model(config.model, config.dtype, config.device, self.max_model_len)
+        self.tokenizer = Tokenizer(config.model)
+        num_blocks = config.num_kv_blocks or self._blocks_for_memory()
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, config.attention_backend)
+        self.sampler = Sampler(torch.Generator(device=config.device).manual_seed(config.seed))
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
+        self._ids = itertools.count()
+        self._arrivals = itertools.count()
+        self._stop_bytes: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+
+    def _blocks_for_memory(self) -> int:
+        per_block = kv_bytes_per_block(self.model, self.config.block_size, self.runner_dtype)
+        return max(int(self.config.kv_cache_memory_gb * 2**30) // per_block, 1)
+
+    @property
+    def runner_dtype(self) -> torch.dtype:
+        return self.model.model.embed_tokens.weight.dtype
+
+    # ---- requests --------------------------------------------------------------------------
+    def add(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        multiplicity: int = 1,
+        readout_positions: list[int] | None = None,
+        abort_on_preempt: bool = False,
+    ) -> int:
+        """Add a sequence. params=None makes it prefill-only: it returns readouts at readout_positions."""
+        self._check_new_tokens(0, prompt_ids, params, readout_positions)
+        if multiplicity < 1:
+            raise ValueError(f"multiplicity must be >= 1, got {multiplicity}")
+        seq = Sequence(
+            seq_id=next(self._ids),
+            token_ids=list(prompt_ids),
+            params=params,
+            arrival=next(self._arrivals),
+            priority=priority,
+            multiplicity=multiplicity,
+            segment_start=len(prompt_ids),
+            generator=self._generator_for(params),
+            abort_on_preempt=abort_on_preempt,
+            readout_positions=list(readout_positions or []),
+        )
+        seq.usage.prompt_tokens = len(prompt_ids)
+        self.scheduler.add(seq)
+        return seq.seq_id
+
+    def extend(
+        self,
+        seq_id: int,
+        params: SamplingParams | None = None,
+        *,
+        token_ids: list[int] = (),
+        priority: int | None = None,
+        multiplicity: int | None = None,
+        readout_positions: list[int] | None = None,
+        abort_on_preempt: bool = False,
+    ) -> None:
+        """Start the next segment of a PAUSED sequence, after appending token_ids (e.g. more text)."""
+        seq = self._get_paused(seq_id)
+        params = params if params is not None else seq.params
+        self._check_new_tokens(len(seq), token_ids, params, readout_positions)
+        seq.token_ids += token_ids
+        seq.usage.prompt_tokens += len(token_ids)
+        seq.params = params
+        seq.segment_start = len(seq.token_ids)
+        seq.stop_tail = b""
+        seq.finish_reason = None
+        seq.readout_positions = list(readout_positions or [])
+        seq.abort_on_preempt = abort_on_preempt
+        seq.priority = seq.priority if priority is None else priority
+        seq.multiplicity = seq.multiplicity if multiplicity is None else multiplicity
+        seq.status = SequenceStatus.RUNNING if seq.block_table else SequenceStatus.WAITING
+
+    def fork(self, seq_id: int, n: int, multiplicity: int = 1) -> list[int]:
+        """n new sequences sharing all of seq_id's blocks (no copy until one writes a shared block)."""
+        parent = self.scheduler.sequences.get(seq_id)
+        if parent is None:
+            raise KeyError(f"sequence {seq_id} is not live")
+        return [self._fork_one(parent, multiplicity).seq_id for _ in range(n)]
+
+    def abort(self, seq_id: int) -> bool:
+        """Free a sequence's blocks at once; False if it was not live."""
+        seq = self.scheduler.sequences.get(seq_id)
+        if seq is None:
+            return False
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, FinishReason.ABORTED
+        self.scheduler.remove(seq)
+        return True
+
+    def get(self, seq_id: int) -> Sequence | None:
+        return self.scheduler.sequences.get(seq_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_live_sequences(self) -> int:
+        return len(self.scheduler.sequences)
+
+    # ---- one iteration ---------------------------------------------------------------------
+    def step(self) -> list[SequenceOutput]:
+        batch = self.scheduler.schedule()
+        result = self.runner.execute(batch) if not batch.is_empty else None
+        return self._update(batch, result)
+
+    def _update(self, batch: ScheduledBatch, result: RunnerOutput | None) -> list[SequenceOutput]:
+        outputs = [SequenceOutput(s.seq_id, [], s.status, s.finish_reason, s.multiplicity) for s in batch.aborted]
+        to_sample: list[tuple[ScheduledRow, torch.Tensor]] = []
+        for row, (offset, count) in zip(batch.rows, result.head_rows if result else []):
+            seq = row.seq
+            seq.num_computed_tokens = row.end
+            seq.usage.computed_tokens += row.num_tokens
+            self.block_manager.register_computed_blocks(seq)
+            head = result.head[offset : offset + count]
+            if seq.is_readout:
+                outputs += self._update_readout(row, head)
+            elif count:
+                to_sample.append((row, head[0]))
+        if to_sample:
+            outputs += self._sample_and_append(to_sample)
+        return outputs
+
+    def _update_readout(self, row: ScheduledRow, head: torch.Tensor) -> list[SequenceOutput]:
+        seq = row.seq
+        if len(head):
+            seq.readouts.append(head)
+        if not row.reaches_last_token:
+            return []
+        readouts = torch.cat(seq.readouts) if seq.readouts else None
+        seq.readouts = []
+        seq.status, seq.finish_reason = SequenceStatus.PAUSED, FinishReason.READOUT
+        return [SequenceOutput(seq.seq_id, [], seq.status, seq.finish_reason, seq.multiplicity, readouts=readouts)]
+
+    def _sample_and_append(self, to_sample: list[tuple[ScheduledRow, torch.Tensor]]) -> list[SequenceOutput]:
+        logits = torch.stack([logit_row for _, logit_row in to_sample])  # [R, vocab]
+        rows = [self._sample_row(row.seq) for row, _ in to_sample]
+        draws = self.sampler(logits, rows)
+        outputs = []
+        for (row, _), tokens in zip(to_sample, draws):
+            outputs += self._append_draws(row.seq, tokens)
+        return outputs
+
+    def _sample_row(self, seq: Sequence) -> SampleRow:
+        p = seq.params
+        return SampleRow(p.temperature, p.top_p, p.top_k, seq.multiplicity, seq.generator)
+
+    def _append_draws(self, seq: Sequence, tokens: list[int]) -> list[SequenceOutput]:
+        """Group equal draws; the sequence keeps the first group, each other group forks a child."""
+        groups: dict[int, int] = {}
+        for token in tokens:
+            groups[token] = groups.get(token, 0) + 1
+        (first, first_count), *others = groups.items()
+        targets = [(seq, first, first_count, None)]
+        for token, count in others:
+            targets.append((self._fork_one(seq, count), token, count, seq.seq_id))
+        seq.multiplicity = first_count
+        outputs = []
+        for target, token, count, parent_id in targets:
+            self._append_token(target, token)
+            outputs.append(
+                SequenceOutput(target.seq_id, [token], target.status, target.finish_reason, count, parent_id)
+            )
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int) -> None:
+        seq.token_ids.append(token)
+        seq.usage.generated_tokens += 1
+        reason = self._stop_reason(seq, token)
+        if reason is None:
+            return
+        seq.finish_reason = reason
+        if reason == FinishReason.STOP:
+            seq.status = SequenceStatus.PAUSED
+        else:
+            seq.status = SequenceStatus.FINISHED
+            self.scheduler.remove(seq)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.params
+        if token in self.eos_token_ids and not params.ignore_eos:
+            return FinishReason.EOS
+        if params.stop and self._hits_stop_string(seq, token):
+            return FinishReason.STOP
+        if seq.num_segment_tokens >= params.max_new_tokens:
+            return FinishReason.LENGTH
+        if len(seq) >= self.max_model_len:
+            return FinishReason.CONTEXT
+        return None
+
+    def _hits_stop_string(self, seq: Sequence, token: int) -> bool:
+        stops = self._stop_bytes.get(seq.params.stop)
+        if stops is None:
+            stops = self._stop_bytes[seq.params.stop] = tuple(s.encode("utf-8") for s in seq.params.stop)
+        text = seq.stop_tail + self.tokenizer.token_bytes[token]  # the segment's newest bytes
+        if any(stop in text for stop in stops):
+            return True
+        keep = max(len(s) for s in stops) - 1  # enough to catch a stop string split across tokens
+        seq.stop_tail = text[-keep:] if keep else b""
+        return False
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _fork_one(self, parent: Sequence, multiplicity: int) -> Sequence:
+        child = Sequence(
+            seq_id=next(self._ids),
+            token_ids=list(parent.token_ids),
+            params=parent.params,
+            arrival=next(self._arrivals),
+            priority=parent.priority,
+            multiplicity=multiplicity,
+            status=parent.status,
+            segment_start=parent.segment_start,
+            stop_tail=parent.stop_tail,
+            generator=self._child_generator(parent),
+            abort_on_preempt=parent.abort_on_preempt,
+            readout_positions=list(parent.readout_positions),
+        )
+        self.block_manager.fork(parent, child)
+        self.scheduler.add(child)
+        return child
+
+    def _generator_for(self, params: SamplingParams | None) -> torch.Generator | None:
+        if params is None or params.seed is None:
+            return None
+        return torch.Generator(device=self.config.device).manual_seed(params.seed)
+
+    def _child_generator(self, parent: Sequence) -> torch.Generator | None:
+        if parent.generator is None:
+            return None
+        seed = int(torch.randint(0, 2**62, (1,), generator=parent.generator))  # deterministic per parent
+        return torch.Generator(device=self.config.device).manual_seed(seed)
+
+    def _get_paused(self, seq_id: int) -> Sequence:
+        seq = self.scheduler.sequences.get(seq_id)
+        if seq is None or seq.status != SequenceStatus.PAUSED:
+            state = "not live" if seq is None else seq.status.value
+            raise ValueError(f"sequence {seq_id} cannot be extended: it is {state}, not paused")
+        return seq
+
+    def _check_new_tokens(self, current: int, token_ids, params, readout_positions) -> None:
+        total = current + len(token_ids)
+        if total == 0:
+            raise ValueError("a sequence needs at least one token")
+        if total >= self.max_model_len and params is not None:
+            raise ValueError(f"sequence of {total} tokens leaves no room under max_model_len={self.max_model_len}")
+        if total > self.max_model_len:
+            raise ValueError(f"sequence of {total} tokens exceeds max_model_len={self.max_model_len}")
+        if params is None and not readout_positions:
+            raise ValueError("a prefill-only sequence (params=None) needs readout_positions")
+        if params is None and not token_ids and current:
+            raise ValueError("extending a prefill-only sequence needs new token_ids")
+        bad = [p for p in readout_positions or [] if not current <= p < total]
+        if bad:
+            raise ValueError(f"readout positions {bad[:4]} are outside the new tokens [{current}, {total})")
+        vocab = self.model.args.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"token ids must lie in [0, {vocab})")

@@ -1,0 +1,87 @@
+"""Greedy, temperature, top-k and top-p sampling; n independent draws per row, grouped by n.
+
+A row with multiplicity n draws n tokens *independently* from its one distribution (never one draw
+copied n times): that is what makes computation deduplication distribution-exact.
+
+Draws use the exponential race: with E_i ~ Exp(1) independent, argmax_i p_i / E_i is distributed as
+Categorical(p), because E_i / p_i ~ Exp(rate p_i) and the smallest of independent exponentials is
+index i with probability p_i / sum_j p_j. Filtered-out tokens have p_i = 0 and never win.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    temperature: float
+    top_p: float
+    top_k: int | None
+    num_draws: int
+    generator: torch.Generator | None  # a seeded sequence's own generator; None -> the engine's
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """logits [R, V] (already temperature-scaled); top_k [R] (V = off), top_p [R] (1.0 = off).
+
+    Keeps the k largest, then the smallest set of the largest whose probabilities sum to >= top_p.
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [R, V]
+    v = logits.shape[-1]
+    ranks = torch.arange(v, device=logits.device)[None, :]
+    drop = ranks >= top_k[:, None]
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # probability of the strictly larger tokens
+    drop |= mass_before >= top_p[:, None]
+    filtered = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, filtered)
+
+
+class Sampler:
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[list[int]]:
+        """logits [R, V] -> for each row its num_draws token ids."""
+        logits = logits.float()
+        out: list[list[int]] = [[] for _ in rows]
+        greedy = [i for i, r in enumerate(rows) if r.temperature == 0]
+        if greedy:
+            best = logits[greedy].argmax(dim=-1).tolist()
+            for i, token in zip(greedy, best):
+                out[i] = [token] * rows[i].num_draws
+        sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
+        if sampled:
+            probs = self._probabilities(logits[sampled], [rows[i] for i in sampled])  # [S, V]
+            self._draw(probs, sampled, rows, out)
+        return out
+
+    def _probabilities(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        temperature = torch.tensor([r.temperature for r in rows], dtype=logits.dtype, device=logits.device)
+        logits = logits / temperature[:, None]
+        if any(r.top_k is not None or r.top_p < 1.0 for r in rows):
+            v = logits.shape[-1]
+            top_k = torch.tensor([min(r.top_k or v, v) for r in rows], device=logits.device)
+            top_p = torch.tensor([r.top_p for r in rows], dtype=logits.dtype, device=logits.device)
+            logits = filter_top_k_top_p(logits, top_k, top_p)
+        return logits.softmax(dim=-1)
+
+    def _draw(self, probs: torch.Tensor, indices: list[int], rows: list[SampleRow], out) -> None:
+        by_draws: dict[int, list[int]] = {}  # rows sharing the engine generator, grouped by n
+        for k, i in enumerate(indices):
+            row = rows[i]
+            if row.generator is not None:
+                noise = torch.empty(row.num_draws, probs.shape[-1], device=probs.device)
+                noise.exponential_(generator=row.generator)  # [n, V]
+                out[i] = (probs[k][None, :] / noise).argmax(dim=-1).tolist()
+            else:
+                by_draws.setdefault(row.num_draws, []).append(k)
+        for n, group in by_draws.items():
+            p = probs[group]  # [G, V]
+            noise = torch.empty(len(group), n, p.shape[-1], device=p.device).exponential_(generator=self.generator)
+            tokens = (p[:, None, :] / noise).argmax(dim=-1).tolist()  # [G, n]
+            for k, drawn in zip(group, tokens):
+                out[indices[k]] = drawn

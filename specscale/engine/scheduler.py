@@ -1,0 +1,126 @@
+"""Continuous batching under a token budget: decode rows and chunked prefill in one iteration.
+
+Sequences are served in priority order (higher first, then older first). Each gets as many of its
+uncomputed tokens as the budget leaves (1 for a decode row, a chunk for a prefill). When the KV pool
+runs out, the lowest-priority, newest sequence that ranks below the one being scheduled is preempted
+by recompute: its blocks are freed and its tokens recomputed later (or it is aborted if it asked to
+be). Nothing is lost and nothing crashes: a sequence that cannot fit simply waits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specscale.engine.block_manager import BlockManager
+from specscale.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledRow:
+    seq: Sequence
+    start: int  # first position computed this iteration (= num_computed_tokens when scheduled)
+    num_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def reaches_last_token(self) -> bool:
+        return self.end == len(self.seq.token_ids)
+
+
+@dataclass
+class ScheduledBatch:
+    decode_rows: list[ScheduledRow] = field(default_factory=list)  # one token each
+    prefill_rows: list[ScheduledRow] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst), before the forward
+    aborted: list[Sequence] = field(default_factory=list)  # preempted sequences that asked to be aborted
+
+    @property
+    def rows(self) -> list[ScheduledRow]:
+        return self.decode_rows + self.prefill_rows
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decode_rows) + sum(row.num_tokens for row in self.prefill_rows)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decode_rows and not self.prefill_rows
+
+
+def rank(seq: Sequence) -> tuple[int, int]:
+    """Larger ranks run first: higher priority, then older."""
+    return (seq.priority, -seq.arrival)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int):
+        self.block_manager = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.sequences: dict[int, Sequence] = {}  # every live (not finished) sequence
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.sequences[seq.seq_id] = seq
+
+    def remove(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        self.sequences.pop(seq.seq_id, None)
+
+    def has_work(self) -> bool:
+        return any(seq.is_schedulable for seq in self.sequences.values())
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        scheduled: set[int] = set()
+        queue = sorted((s for s in self.sequences.values() if s.is_schedulable), key=rank, reverse=True)
+        for seq in queue:
+            if budget == 0 or len(scheduled) == self.max_num_seqs:
+                break
+            if seq.seq_id not in self.sequences:  # aborted as a preemption victim earlier in this loop
+                continue
+            row = self._try_schedule(seq, budget, scheduled, batch)
+            if row is not None:
+                scheduled.add(seq.seq_id)
+                budget -= row.num_tokens
+                (batch.decode_rows if row.num_tokens == 1 else batch.prefill_rows).append(row)
+        return batch
+
+    def _try_schedule(self, seq, budget, scheduled, batch) -> ScheduledRow | None:
+        bm = self.block_manager
+        if not seq.block_table:
+            bm.allocate_cached_prefix(seq)
+        num_tokens = min(seq.num_uncomputed_tokens, budget)
+        while bm.blocks_needed(seq, num_tokens) > bm.num_free_blocks:
+            victim = self._pick_victim(seq, scheduled)
+            if victim is None:
+                return None  # waits; it keeps the blocks it has
+            self._preempt(victim, batch)
+        batch.block_copies += bm.allocate_slots(seq, num_tokens)
+        seq.status = SequenceStatus.RUNNING
+        return ScheduledRow(seq, seq.num_computed_tokens, num_tokens)
+
+    def _pick_victim(self, seq: Sequence, scheduled: set[int]) -> Sequence | None:
+        """Lowest priority, newest first, among holders of blocks that rank below seq."""
+        holders = [
+            s for s in self.sequences.values()
+            if s.block_table and s.seq_id not in scheduled and s is not seq and rank(s) < rank(seq)
+        ]
+        return min(holders, key=rank, default=None)
+
+    def _preempt(self, victim: Sequence, batch: ScheduledBatch) -> None:
+        self.num_preemptions += 1
+        victim.readouts.clear()
+        if victim.abort_on_preempt:
+            victim.status = SequenceStatus.FINISHED
+            victim.finish_reason = FinishReason.PREEMPTED
+            self.remove(victim)
+            batch.aborted.append(victim)
+            return
+        self.block_manager.free(victim)  # recompute later; its tokens are kept
+        if victim.status == SequenceStatus.RUNNING:
+            victim.status = SequenceStatus.WAITING

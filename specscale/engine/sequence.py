@@ -1,0 +1,116 @@
+"""Sequence: one row of the engine — its tokens, how many of them have KV, its block table and state."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # has tokens without KV and holds no blocks yet (new or preempted)
+    RUNNING = "running"  # has tokens without KV; scheduled each iteration it fits
+    PAUSED = "paused"  # stopped at a stop string (or a readout finished); keeps its KV until extended
+    FINISHED = "finished"  # ended; its blocks are released
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # a stop string ended the segment (the sequence is paused, not finished)
+    EOS = "eos"
+    LENGTH = "length"  # max_new_tokens of the segment reached
+    CONTEXT = "context"  # max_model_len reached
+    READOUT = "readout"  # a prefill-only sequence computed all its tokens
+    ABORTED = "aborted"
+    PREEMPTED = "preempted"  # aborted because it was preempted and asked not to be resumed
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one generation segment samples and when it stops.
+
+    temperature 0 means greedy. top_k None and top_p 1.0 disable those filters. seed None draws from
+    the engine's generator; a seed gives the sequence its own generator, so its draws do not depend
+    on what else is in the batch. max_new_tokens bounds the segment (one reasoning step for a search).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    max_new_tokens: int = 2048
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0  # tokens given to the engine (prompt, appended text)
+    computed_tokens: int = 0  # tokens run through the model, recomputation included
+    generated_tokens: int = 0  # tokens sampled
+
+    def add(self, other: "Usage") -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.computed_tokens += other.computed_tokens
+        self.generated_tokens += other.generated_tokens
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Invariants: num_computed_tokens <= len(token_ids); the block table covers exactly
+    ceil(num_computed_tokens / block_size) blocks after each iteration; a PAUSED or RUNNING generating
+    sequence has exactly one token without KV (the last sampled one) once its prompt is computed."""
+
+    seq_id: int
+    token_ids: list[int]
+    params: SamplingParams | None  # None for prefill-only (readout) sequences
+    arrival: int  # monotonic; larger = newer
+    priority: int = 0  # higher runs first; speculative work runs at lower priority
+    multiplicity: int = 1  # logical candidates this physical sequence stands for (CD)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_hashed_blocks: int = 0  # leading full blocks already registered in the prefix cache
+    block_table: list[int] = field(default_factory=list)
+    segment_start: int = 0  # index of the first token of the current generation segment
+    stop_tail: bytes = b""  # last bytes of the segment's text, for stop strings spanning tokens
+    finish_reason: FinishReason | None = None
+    generator: torch.Generator | None = None
+    abort_on_preempt: bool = False
+    readout_positions: list[int] = field(default_factory=list)  # prefill-only: positions to read
+    readouts: list[torch.Tensor] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def num_segment_tokens(self) -> int:
+        return len(self.token_ids) - self.segment_start
+
+    @property
+    def is_readout(self) -> bool:
+        return self.params is None
+
+    @property
+    def is_schedulable(self) -> bool:
+        return self.status in (SequenceStatus.WAITING, SequenceStatus.RUNNING) and self.num_uncomputed_tokens > 0

@@ -1,0 +1,112 @@
+"""Paged attention over a block-structured KV cache, in plain torch, with a C++ decode kernel on CPU.
+
+KV cache of one layer: key_cache, value_cache of shape [num_blocks, block_size, KVH, D]. A sequence's
+block table lists its blocks in position order, so token position p lives in slot
+block_table[p // block_size] * block_size + p % block_size.
+
+The flat batch holds the decode tokens first (one per decode sequence), then the prefill tokens of
+the prefill sequences in order. Decode rows attend to their whole context; a prefill row of a
+sequence attends causally to the cached context plus the new tokens up to its own position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specscale.model import cpu_kernels
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-iteration attention inputs, built once by the model runner and shared by all layers.
+
+    slot_mapping: [T] flat cache slot of every new token (decode tokens first, then prefill tokens).
+    num_decode_tokens: Td, the number of decode sequences (one token each).
+    decode_block_tables: [Td, max_blocks] int32, padded with 0 (never read past context_lens).
+    decode_context_lens: [Td] int32, tokens each decode row attends to (including itself).
+    prefill_block_tables: [Bp, max_blocks] int32.
+    prefill_mask: [Bp, 1, Lq, S] bool; True where query row i may attend key position j.
+    prefill_query_index: [Tp] index of each flat prefill token in the padded [Bp * Lq] query grid.
+    use_decode_kernel: run decode rows through the C++ kernel (CPU) instead of gather + SDPA.
+    """
+
+    slot_mapping: torch.Tensor
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None
+    decode_context_lens: torch.Tensor | None
+    prefill_block_tables: torch.Tensor | None
+    prefill_mask: torch.Tensor | None
+    prefill_query_index: torch.Tensor | None
+    prefill_query_len: int
+    use_decode_kernel: bool = False
+
+
+def write_kv(key_cache, value_cache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Scatter the new tokens' keys and values ([T, KVH, D]) into their cache slots."""
+    num_blocks, block_size, kv_heads, head_dim = key_cache.shape
+    key_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    value_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def gather_context(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[num_blocks, bs, KVH, D] gathered by [B, nb] block tables -> [B, KVH, nb*bs, D]."""
+    b, nb = block_tables.shape
+    _, bs, kv_heads, head_dim = cache.shape
+    return cache[block_tables].view(b, nb * bs, kv_heads, head_dim).transpose(1, 2)
+
+
+def grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
+    """GQA without repeating K/V: q [B, Lq, H, D], k/v [B, KVH, S, D], mask [B, 1, Lq, S] -> [B, Lq, H, D].
+
+    The g = H / KVH query heads sharing one KV head are folded into the query-length axis.
+    """
+    b, lq, h, d = q.shape
+    kv_heads = k.shape[1]
+    g = h // kv_heads
+    q = q.view(b, lq, kv_heads, g, d).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, g * lq, d)
+    if g > 1:
+        mask = mask.unsqueeze(2).expand(b, 1, g, lq, mask.shape[-1]).reshape(b, 1, g * lq, mask.shape[-1])
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, KVH, g*Lq, D]
+    return out.view(b, kv_heads, g, lq, d).permute(0, 3, 1, 2, 4).reshape(b, lq, h, d)
+
+
+def decode_attention(q, key_cache, value_cache, block_tables, context_lens, scale, use_kernel: bool):
+    """q [Bd, H, D] (one query per sequence) -> [Bd, H, D]."""
+    if use_kernel:
+        return cpu_kernels.paged_decode_attention(q, key_cache, value_cache, block_tables, context_lens, scale)
+    k = gather_context(key_cache, block_tables)  # [Bd, KVH, S, D]
+    v = gather_context(value_cache, block_tables)
+    positions = torch.arange(k.shape[2], device=q.device)
+    mask = (positions[None, :] < context_lens[:, None])[:, None, None, :]  # [Bd, 1, 1, S]
+    return grouped_sdpa(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
+
+
+def prefill_attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [Tp, H, D] flat prefill tokens -> [Tp, H, D], through a padded [Bp, Lq] query grid."""
+    bp = meta.prefill_block_tables.shape[0]
+    tp, h, d = q.shape
+    grid = q.new_zeros(bp * meta.prefill_query_len, h, d)
+    grid.index_copy_(0, meta.prefill_query_index, q)
+    k = gather_context(key_cache, meta.prefill_block_tables)  # [Bp, KVH, S, D]
+    v = gather_context(value_cache, meta.prefill_block_tables)
+    out = grouped_sdpa(grid.view(bp, meta.prefill_query_len, h, d), k, v, meta.prefill_mask, scale)
+    return out.reshape(bp * meta.prefill_query_len, h, d).index_select(0, meta.prefill_query_index)
+
+
+def paged_attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [T, H, D] for the flat batch (decode tokens first) -> attention output [T, H, D]."""
+    td = meta.num_decode_tokens
+    parts = []
+    if td:
+        parts.append(
+            decode_attention(
+                q[:td], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens,
+                scale, meta.use_decode_kernel,
+            )
+        )
+    if q.shape[0] > td:
+        parts.append(prefill_attention(q[td:], key_cache, value_cache, meta, scale))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

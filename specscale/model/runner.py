@@ -1,0 +1,139 @@
+"""ModelRunner: owns the KV pool, turns a scheduled batch into tensors, runs the model and its head.
+
+The forward pass returns last hidden states for every new token; the head (LM head or PRM score head)
+runs only on the rows that need it: the last token of each generating sequence that reaches its end,
+and the requested readout positions of prefill-only sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
+from specscale.model import cpu_kernels
+from specscale.model.attention import AttentionMetadata
+
+
+@dataclass
+class RunnerOutput:
+    head: torch.Tensor  # [R, out] head outputs of the selected rows, in row order
+    head_rows: list[tuple[int, int]]  # per scheduled row: (offset into head, count); count 0 = none
+
+
+def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
+    args = model.args
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * element
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int, attention_backend: str = "auto"):
+        self.model = model
+        self.block_size = block_size
+        weight = model.model.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        args = model.args
+        shape = (num_blocks, block_size, args.num_kv_heads, args.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(args.num_layers)
+        ]
+        self.use_decode_kernel = self._choose_backend(attention_backend)
+
+    def _choose_backend(self, backend: str) -> bool:
+        if backend not in ("auto", "torch", "cpp"):
+            raise ValueError(f"attention_backend must be auto, torch or cpp, got {backend!r}")
+        if backend == "torch" or self.device.type != "cpu":
+            return False
+        if not cpu_kernels.available():
+            if backend == "cpp":
+                raise RuntimeError("the C++ attention kernel could not be built on this machine")
+            return False
+        return True
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        self._copy_blocks(batch.block_copies)
+        input_ids, positions, meta = self._prepare(batch)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, hidden]
+        head_index, head_rows = self._head_rows(batch)
+        index = torch.tensor(head_index, dtype=torch.long, device=self.device)
+        return RunnerOutput(self.model.compute_head(hidden.index_select(0, index)), head_rows)
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        for key_cache, value_cache in self.kv_caches:
+            key_cache.index_copy_(0, dst, key_cache.index_select(0, src))
+            value_cache.index_copy_(0, dst, value_cache.index_select(0, src))
+
+    def _prepare(self, batch: ScheduledBatch):
+        bs = self.block_size
+        ids, pos, slots = [], [], []
+        for row in batch.rows:
+            seq, table = row.seq, row.seq.block_table
+            ids += seq.token_ids[row.start : row.end]
+            span = range(row.start, row.end)
+            pos += span
+            slots += [table[p // bs] * bs + p % bs for p in span]
+        device = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            num_decode_tokens=len(batch.decode_rows),
+            **self._decode_metadata(batch.decode_rows),
+            **self._prefill_metadata(batch.prefill_rows),
+            use_decode_kernel=self.use_decode_kernel,
+        )
+        return torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(pos, dtype=torch.long, device=device), meta
+
+    def _block_tables(self, rows: list[ScheduledRow], dtype: torch.dtype) -> torch.Tensor:
+        width = max(len(row.seq.block_table) for row in rows)
+        padded = [row.seq.block_table + [0] * (width - len(row.seq.block_table)) for row in rows]
+        return torch.tensor(padded, dtype=dtype, device=self.device)
+
+    def _decode_metadata(self, rows: list[ScheduledRow]) -> dict:
+        if not rows:
+            return {"decode_block_tables": None, "decode_context_lens": None}
+        dtype = torch.int32 if self.use_decode_kernel else torch.long
+        lens = torch.tensor([row.end for row in rows], dtype=dtype, device=self.device)
+        return {"decode_block_tables": self._block_tables(rows, dtype), "decode_context_lens": lens}
+
+    def _prefill_metadata(self, rows: list[ScheduledRow]) -> dict:
+        if not rows:
+            return {"prefill_block_tables": None, "prefill_mask": None, "prefill_query_index": None, "prefill_query_len": 0}
+        tables = self._block_tables(rows, torch.long)  # [Bp, nb]
+        query_len = max(row.num_tokens for row in rows)
+        device = self.device
+        starts = torch.tensor([row.start for row in rows], device=device)  # [Bp]
+        counts = torch.tensor([row.num_tokens for row in rows], device=device)  # [Bp]
+        q = torch.arange(query_len, device=device)  # [Lq]
+        keys = torch.arange(tables.shape[1] * self.block_size, device=device)  # [S]
+        query_pos = starts[:, None] + q[None, :]  # [Bp, Lq]
+        mask = keys[None, None, :] <= query_pos[:, :, None]  # causal over cached + new: [Bp, Lq, S]
+        padding = q[None, :] >= counts[:, None]  # [Bp, Lq] padded query rows attend to key 0 only
+        mask = torch.where(padding[:, :, None], keys[None, None, :] == 0, mask)
+        valid = (~padding).flatten().nonzero().squeeze(1)  # flat [Bp*Lq] index of each real token
+        return {
+            "prefill_block_tables": tables,
+            "prefill_mask": mask[:, None],
+            "prefill_query_index": valid,
+            "prefill_query_len": query_len,
+        }
+
+    def _head_rows(self, batch: ScheduledBatch) -> tuple[list[int], list[tuple[int, int]]]:
+        head_index, head_rows = [], []
+        offset = 0  # flat index of the row's first token
+        for row in batch.rows:
+            seq = row.seq
+            if seq.is_readout:
+                wanted = [offset + p - row.start for p in seq.readout_positions if row.start <= p < row.end]
+            else:
+                wanted = [offset + row.num_tokens - 1] if row.reaches_last_token else []
+            head_rows.append((len(head_index), len(wanted)))
+            head_index += wanted
+            offset += row.num_tokens
+        return head_index, head_rows

@@ -1,0 +1,242 @@
+"""One decoder for Qwen2 / Qwen2.5 and Llama 3.x, with a causal-LM head or a process-reward head.
+
+Every per-call input is passed explicitly: token ids, positions, the per-layer KV caches and the
+attention metadata of the batch (slot mapping, block tables, masks). There is no global context.
+Tokens of a batch are flattened: T = total new tokens of all sequences in this iteration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specscale.model.attention import AttentionMetadata, paged_attention, write_kv
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The architecture fields of a Hugging Face `config.json` that the decoder needs."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    num_labels: int = 2
+
+    @classmethod
+    def from_hf_config(cls, config: dict) -> "ModelArgs":
+        architecture = config.get("architectures", [""])[0]
+        num_heads = config["num_attention_heads"]
+        rope = config.get("rope_parameters") or {}  # transformers >= 5 keeps rope settings here
+        rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+        scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        is_qwen2 = config.get("model_type") == "qwen2"
+        return cls(
+            architecture=architecture,
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=config.get("num_key_value_heads") or num_heads,
+            head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            rope_scaling=scaling,
+            max_position_embeddings=config.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=is_qwen2 or bool(config.get("attention_bias", False)),
+            num_labels=2,
+        )
+
+
+def rope_inverse_frequencies(args: ModelArgs) -> torch.Tensor:
+    """inv_freq[i] = theta^(-2i/D), rescaled per Llama 3's piecewise rule when rope_scaling says llama3."""
+    d = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))  # [D/2]
+    scaling = args.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "llama3":
+        return _llama3_scaled(inv_freq, scaling)
+    if kind not in ("default", None):
+        raise ValueError(f"unsupported rope_scaling type {kind!r}")
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    # Long wavelengths (low frequencies) are divided by `factor`, short ones kept, the band between
+    # low_freq_factor and high_freq_factor interpolated smoothly.
+    factor = scaling["factor"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    original = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = original / low, original / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryTable:
+    """cos/sin of every position up to max_positions, computed once; rows are gathered per batch."""
+
+    def __init__(self, args: ModelArgs, max_positions: int, device: torch.device, dtype: torch.dtype):
+        inv_freq = rope_inverse_frequencies(args).to(device)  # [D/2]
+        positions = torch.arange(max_positions, device=device, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
+        angles = torch.cat([freqs, freqs], dim=-1)  # [P, D]
+        self.cos = angles.cos().to(dtype)
+        self.sin = angles.sin().to(dtype)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions], self.sin[positions]  # [T, D] each
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D]; rotate-half RoPE as in Qwen2 / Llama: x*cos + rotate_half(x)*sin."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Like the reference: normalise in fp32, round to the activation dtype, then scale.
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.attention_bias)
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=False)
+        self.scale = args.head_dim**-0.5
+
+    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)  # [T, H*D], [T, KVH*D] x2
+        q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
+        k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)  # [T, KVH, D]
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        key_cache, value_cache = kv_cache
+        write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
+        out = paged_attention(q, key_cache, value_cache, meta, self.scale)  # [T, H, D]
+        return self.o_proj(out.reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    """Embedding, decoder layers and final norm: token ids -> last hidden states [T, hidden]."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, input_ids, cos, sin, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [T, h]
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, kv_cache, meta)
+        return self.norm(x)
+
+
+class TransformerForCausalLM(nn.Module):
+    """Qwen2ForCausalLM / LlamaForCausalLM: hidden states -> next-token logits over the vocabulary."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = DecoderModel(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.rotary: RotaryTable | None = None
+
+    @property
+    def output_size(self) -> int:
+        return self.args.vocab_size
+
+    def tie_weights(self) -> None:
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def build_rotary(self, max_positions: int) -> None:
+        weight = self.model.embed_tokens.weight
+        self.rotary = RotaryTable(self.args, max_positions, weight.device, weight.dtype)
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+        cos, sin = self.rotary.lookup(positions)
+        return self.model(input_ids, cos, sin, kv_caches, meta)
+
+    def compute_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)  # [n, vocab]
+
+
+class TransformerForProcessReward(TransformerForCausalLM):
+    """Qwen2ForProcessRewardModel: Qwen2 body + score = Linear(h, h) -> ReLU -> Linear(h, 2) per token."""
+
+    def __init__(self, args: ModelArgs):
+        nn.Module.__init__(self)
+        self.args = args
+        self.model = DecoderModel(args)
+        h = args.hidden_size
+        self.score = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, args.num_labels))
+        self.rotary = None
+
+    @property
+    def output_size(self) -> int:
+        return self.args.num_labels
+
+    def tie_weights(self) -> None:
+        return None
+
+    def compute_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.score(hidden)  # [n, 2]

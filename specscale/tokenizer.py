@@ -1,0 +1,124 @@
+"""Tokenizer of a local Hugging Face folder: `tokenizer.json` through the `tokenizers` library, the chat
+template of `tokenizer_config.json` rendered with a sandboxed jinja2 (as transformers does), and the
+bytes of every token for stop-string detection across token boundaries."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of the GPT-2 byte-level alphabet: printable bytes map to themselves, the rest to 256+."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    codes = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return {chr(code): byte for byte, code in zip(printable, codes)}
+
+
+def _token_content(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class Tokenizer:
+    """Encode / decode, special ids, chat templates and per-token bytes of one checkpoint folder."""
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"no tokenizer.json in {path}")
+        self._tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        config = _read_json(path / "tokenizer_config.json")
+        self.chat_template = config.get("chat_template") or _read_text(path / "chat_template.jinja")
+        self.eos_token = _token_content(config.get("eos_token"))
+        self.bos_token = _token_content(config.get("bos_token"))
+        added = self._tok.get_added_tokens_decoder()  # id -> AddedToken
+        self.special_ids = {token_id for token_id, token in added.items() if token.special}
+        self.eos_token_ids = self._eos_ids(path)
+        self.token_bytes = self._build_token_bytes()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        if not self.chat_template:
+            raise ValueError("this tokenizer has no chat_template")
+        return _compile_template(self.chat_template).render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
+
+    def _eos_ids(self, path: Path) -> set[int]:
+        ids = set()
+        if self.eos_token and self.token_to_id(self.eos_token) is not None:
+            ids.add(self.token_to_id(self.eos_token))
+        generation = _read_json(path / "generation_config.json").get("eos_token_id")
+        model = _read_json(path / "config.json").get("eos_token_id")
+        for value in (generation, model):
+            ids.update([value] if isinstance(value, int) else value or [])
+        return ids
+
+    def _build_token_bytes(self) -> list[bytes]:
+        """bytes of each token id as it appears in decoded text (special tokens: empty)."""
+        size = self.vocab_size
+        decoder = json.loads(self._tok.to_str()).get("decoder") or {}
+        byte_level = "ByteLevel" in json.dumps(decoder)
+        table = _unicode_to_byte()
+        out: list[bytes] = []
+        for token_id in range(size):
+            piece = self._tok.id_to_token(token_id)
+            if piece is None or token_id in self.special_ids:
+                out.append(b"")
+            elif byte_level and all(ch in table for ch in piece):
+                out.append(bytes(table[ch] for ch in piece))
+            else:
+                out.append(self._tok.decode([token_id], skip_special_tokens=True).encode("utf-8"))
+        return out
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _read_text(path: Path) -> str | None:
+    return path.read_text() if path.is_file() else None
+
+
+@lru_cache(maxsize=16)
+def _compile_template(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
+    env.globals["raise_exception"] = _raise_template_error
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def _raise_template_error(message: str):
+    raise jinja2.exceptions.TemplateError(message)
