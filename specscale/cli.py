@@ -1,0 +1,73 @@
+"""Command line: `specscale <command>`. Each command lives in its own module; this file only dispatches."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from specscale.defaults import TOY_GENERATOR
+from specscale.tasks.prompts import TOY_GENERATOR_SYSTEM_PROMPT
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate completions with the engine (a quick demo of the engine)")
+    p.add_argument("--model", default=str(TOY_GENERATOR), help="local Hugging Face folder")
+    p.add_argument("--prompt", action="append", help="user message (repeatable); default: toy problems")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--system", default=None, help="system prompt (default: the toy generator's)")
+    p.set_defaults(func=run_generate)
+
+
+def default_prompts(n: int) -> list[str]:
+    from specscale.tasks.toy import toy_problems
+
+    return [problem.question for problem in toy_problems("test", n, seed=0)]
+
+
+def run_generate(args) -> int:
+    from specscale.config import EngineConfig
+    from specscale.engine.engine import Engine
+    from specscale.engine.sequence import SamplingParams
+
+    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype))
+    tok = engine.tokenizer
+    questions = args.prompt or default_prompts(args.num_prompts)
+    ids = {}
+    for i, question in enumerate(questions):
+        messages = [{"role": "system", "content": args.system or TOY_GENERATOR_SYSTEM_PROMPT},
+                    {"role": "user", "content": question}]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed + i)
+        ids[engine.add(tok.encode(text), params)] = question
+    generated: dict[int, list[int]] = {seq_id: [] for seq_id in ids}
+    start = time.perf_counter()
+    while engine.has_work():
+        for out in engine.step():
+            generated[out.seq_id] += out.new_token_ids
+    elapsed = time.perf_counter() - start
+    for seq_id, question in ids.items():
+        print(f"### {question}\n{tok.decode(generated[seq_id])}\n")
+    total = sum(len(t) for t in generated.values())
+    print(f"{len(ids)} completions, {total} tokens in {elapsed:.2f} s ({total / elapsed:.0f} tokens/s)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specscale", description="PRM-guided test-time scaling server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_generate(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
