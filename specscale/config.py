@@ -44,3 +44,70 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+AGGREGATIONS = ("last", "min", "prod", "mean")
+SELECTIONS = ("beam", "dvts", "best_of_n")
+VERIFICATIONS = ("round", "immediate", "lazy", "per_request")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """One search: its size, sampling, and the policies a variant is composed of.
+
+    beam_size N logical candidates per round, beam_width M children per retained path (k = N / M
+    retained). selection: "beam" (global top-k), "dvts" (top-1 per sibling group), "best_of_n"
+    (N full samples, one round). speculative: verified candidates are expanded before their round is
+    decided, up to speculation_depth rounds ahead of the last decided round. prune_strict /
+    perfect_shortcut: early pruning (SPEC 3.1). dedup: computation deduplication (3.2).
+    verification: "round" (a request's whole round at once), "immediate" (each step as it finishes),
+    "lazy" (queued, flushed on the LV triggers of 3.3), "per_request" (FastTTS: one PRM call per round
+    per request). lookahead / proportional_children: the FastTTS pieces of 3.4.
+    """
+
+    beam_size: int = 8
+    beam_width: int = 4
+    max_rounds: int = 40
+    aggregation: str = "last"
+    temperature: float = 0.8
+    top_p: float = 1.0
+    max_step_tokens: int = 2048
+    seed: int | None = None
+    selection: str = "beam"
+    speculative: bool = False
+    speculation_depth: int = 1
+    prune_strict: bool = False
+    perfect_shortcut: bool = False
+    dedup: bool = False
+    verification: str = "round"
+    lv_threshold_tokens: int | None = None
+    lv_max_deferrals: int = 6
+    lv_max_age_s: float = 2.0
+    lookahead: bool = False
+    proportional_children: bool = False
+    max_live_sequences: int = 256
+
+    def __post_init__(self) -> None:
+        _check(self.beam_size >= 1, f"beam_size must be >= 1, got {self.beam_size}")
+        _check(self.beam_width >= 1, f"beam_width must be >= 1, got {self.beam_width}")
+        _check(self.beam_size % self.beam_width == 0,
+               f"beam_size ({self.beam_size}) must be a multiple of beam_width ({self.beam_width})")
+        _check(1 <= self.max_rounds <= 1000, f"max_rounds must be in [1, 1000], got {self.max_rounds}")
+        _check(self.aggregation in AGGREGATIONS, f"aggregation must be one of {AGGREGATIONS}")
+        _check(self.selection in SELECTIONS, f"selection must be one of {SELECTIONS}")
+        _check(self.verification in VERIFICATIONS, f"verification must be one of {VERIFICATIONS}")
+        _check(0 <= self.temperature <= 2, f"temperature must be in [0, 2], got {self.temperature}")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.max_step_tokens >= 1, "max_step_tokens must be >= 1")
+        _check(self.speculation_depth >= 1, "speculation_depth must be >= 1")
+        _check(self.lv_max_deferrals >= 0, "lv_max_deferrals must be >= 0")
+
+    @property
+    def num_retained(self) -> int:
+        """k = N / M."""
+        return self.beam_size // self.beam_width
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)

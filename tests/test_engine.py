@@ -206,3 +206,17 @@ def test_bad_inputs_raise_clear_errors(engine):
         engine.extend(seq_id)
     with pytest.raises(ValueError, match="readout_positions"):
         engine.add(PROMPT, None)
+
+
+def test_pause_resume_and_set_priority(engine):
+    params = SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True)
+    seq_id = engine.add(PROMPT, params)
+    engine.step()
+    engine.step()
+    assert engine.pause(seq_id) is True
+    assert engine.step() == [] and not engine.has_work()
+    engine.set_priority(seq_id, 5)
+    engine.resume(seq_id)
+    outputs = run_until_idle(engine)
+    assert engine.get(seq_id) is None and outputs[seq_id][-1].finish_reason == FinishReason.LENGTH
+    assert len(generated(outputs, seq_id)) == 8  # 2 before the pause + 8 after = the segment's 10

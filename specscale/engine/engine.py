@@ -134,6 +134,28 @@ class Engine:
             raise KeyError(f"sequence {seq_id} is not live")
         return [self._fork_one(parent, multiplicity).seq_id for _ in range(n)]
 
+    def pause(self, seq_id: int) -> bool:
+        """Stop a generating sequence where it is, keeping its KV; `extend` resumes it. False if not running."""
+        seq = self.scheduler.sequences.get(seq_id)
+        if seq is None or seq.is_readout or seq.status not in (SequenceStatus.WAITING, SequenceStatus.RUNNING):
+            return False
+        seq.status = SequenceStatus.PAUSED
+        return True
+
+    def resume(self, seq_id: int, priority: int | None = None, abort_on_preempt: bool = False) -> None:
+        """Continue a sequence stopped by `pause` in the same segment (its stop detection carries on)."""
+        seq = self._get_paused(seq_id)
+        seq.priority = seq.priority if priority is None else priority
+        seq.abort_on_preempt = abort_on_preempt
+        seq.status = SequenceStatus.RUNNING if seq.block_table else SequenceStatus.WAITING
+
+    def set_priority(self, seq_id: int, priority: int, abort_on_preempt: bool | None = None) -> None:
+        """Re-rank a live sequence (e.g. speculative work that became real)."""
+        seq = self.scheduler.sequences[seq_id]
+        seq.priority = priority
+        if abort_on_preempt is not None:
+            seq.abort_on_preempt = abort_on_preempt
+
     def abort(self, seq_id: int) -> bool:
         """Free a sequence's blocks at once; False if it was not live."""
         seq = self.scheduler.sequences.get(seq_id)

@@ -1,0 +1,30 @@
+"""Named variants: each is a composition of policy switches on SearchConfig, so an ablation is a
+configuration, not a fork of the code."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from specscale.config import SearchConfig
+
+_SPECULATIVE = {"speculative": True, "verification": "immediate"}
+
+PRESETS: dict[str, dict] = {
+    "beam": {},
+    "beam+cd": {"dedup": True},
+    "best-of-n": {"selection": "best_of_n", "max_rounds": 1},
+    "dvts": {"selection": "dvts"},
+    "naive-spec": dict(_SPECULATIVE),
+    "fasttts": {"verification": "per_request", "lookahead": True, "proportional_children": True},
+    "ep-strict": dict(_SPECULATIVE, prune_strict=True),
+    "ep": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True),
+    "ep+cd": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True),
+    "specscale": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True, verification="lazy"),
+}
+
+
+def preset_config(name: str, **overrides) -> SearchConfig:
+    """The SearchConfig of a named preset, with any field overridden (e.g. beam_size=4)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return replace(SearchConfig(**PRESETS[name]), **overrides)

@@ -1,0 +1,138 @@
+"""Events into a search and actions out of it. A search never calls a model or reads a clock.
+
+Identities: an *expansion* (a parent path's request for m logical children, generated as one step)
+and a *candidate* (a finished step) have ids chosen by the search. A *handle* is the runner's name
+for the physical sequence holding a candidate's KV; the search only stores and returns it.
+Times are given in events (seconds on the runner's clock, real or virtual).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+# ---- events -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepFinished:
+    """Physical sequence `handle` of expansion `expansion_id` finished one step.
+
+    multiplicity: logical candidates this finished step stands for (CD; 1 otherwise).
+    completed: the path ended (EOS, step or context cap, or the last round); handle is then None.
+    """
+
+    expansion_id: int
+    handle: int | None
+    text: str
+    num_tokens: int
+    multiplicity: int
+    completed: bool
+    time: float
+
+
+@dataclass(frozen=True)
+class GenerationLost:
+    """A speculative sequence was aborted by the engine (preempted); its logical children are gone."""
+
+    expansion_id: int
+    multiplicity: int
+    time: float
+
+
+@dataclass(frozen=True)
+class ScoresArrived:
+    """PRM step scores for candidate id `candidate` (all steps of its path, in order)."""
+
+    candidate: int
+    step_scores: tuple[float, ...]
+    error: str | None
+    time: float
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """The request was cancelled (client gone, timeout): release everything."""
+
+    time: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A scheduling tick passed (used by policies that count ticks)."""
+
+    time: float
+
+
+# ---- actions ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Expand:
+    """Start generating one step for `multiplicity` logical children of the candidate whose KV is
+    held by parent_handle (None = the request's prompt).
+
+    final_round: generate to EOS instead of stopping at the step delimiter.
+    seed: sampling seed of this expansion (derived from the request seed and its tree position).
+    lookahead: FastTTS speculative continuation of a step that just finished (lowest priority,
+    aborted if preempted) rather than a normal child.
+    """
+
+    expansion_id: int
+    parent_handle: int | None
+    multiplicity: int
+    priority: int
+    final_round: bool
+    seed: int | None
+    lookahead: bool = False
+
+
+@dataclass(frozen=True)
+class Verify:
+    """Score candidate id `candidate` (its path = steps). completes_group: this step completes its
+    sibling group (a lazy-verification flush trigger)."""
+
+    candidate: int
+    steps: tuple[str, ...]
+    completes_group: bool
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop and free: expansions still generating, and the paused sequences of these handles."""
+
+    expansions: tuple[int, ...] = ()
+    handles: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Release:
+    """Free paused sequences that are no longer needed (their children share the KV)."""
+
+    handles: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SetPriority:
+    expansions: tuple[int, ...]
+    priority: int
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Stop generating these (FastTTS lookahead) expansions for now; their text so far is kept."""
+
+    expansions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Continue paused lookahead expansions as real children."""
+
+    expansions: tuple[int, ...]
+    priority: int
+
+
+@dataclass(frozen=True)
+class Done:
+    """The search has finished; its result is on the search object."""
+
+
+Action = Expand | Verify | Cancel | Release | SetPriority | Pause | Resume | Done
+Event = StepFinished | GenerationLost | ScoresArrived | Cancelled | Tick

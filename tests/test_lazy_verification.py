@@ -1,0 +1,90 @@
+"""Each lazy-verification trigger fires alone: token threshold, sibling group, deferral cap, age cap;
+plus the flush policy for eager and per-request (FastTTS) steps, and the runtime's use of them."""
+
+import random
+from collections import Counter
+
+from fake_backend import ScriptedEngine, ScriptedVerifier, VirtualClock
+from scipy.stats import chisquare
+
+from specscale.search.policies import kept_copies
+from specscale.search.presets import preset_config
+from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.search.verify_queue import QueuedStep, VerifyQueue
+
+NEVER = 10**9
+
+
+def lazy(tokens=10, group=False, now=0.0, threshold=NEVER, deferrals=NEVER, age=float(NEVER), request="r"):
+    return QueuedStep(request, 0, None, group, "lazy", tokens, now, threshold, deferrals, age)
+
+
+def test_token_threshold_trigger_alone():
+    queue = VerifyQueue(default_threshold_tokens=NEVER)
+    queue.push(lazy(tokens=30, threshold=64))
+    queue.push(lazy(tokens=30, threshold=64))
+    assert queue.ready_batch(now=0.0) == []
+    queue.push(lazy(tokens=4, threshold=64))
+    assert len(queue.ready_batch(now=0.0)) == 3 and queue.flush_reasons == {"tokens": 1}
+
+
+def test_sibling_group_trigger_alone():
+    queue = VerifyQueue(default_threshold_tokens=NEVER)
+    queue.push(lazy())
+    assert queue.ready_batch(now=0.0) == []
+    queue.push(lazy(group=True))
+    assert len(queue.ready_batch(now=0.0)) == 2 and queue.flush_reasons == {"sibling-group": 1}
+
+
+def test_deferral_cap_trigger_alone():
+    queue = VerifyQueue(default_threshold_tokens=NEVER)
+    queue.push(lazy(deferrals=6))
+    for _ in range(7):  # deferred 0..6 times: not more than the cap of 6 yet
+        assert queue.ready_batch(now=0.0) == []
+        queue.count_deferral()
+    assert len(queue.ready_batch(now=0.0)) == 1 and queue.flush_reasons == {"deferrals": 1}
+
+
+def test_age_cap_trigger_alone():
+    queue = VerifyQueue(default_threshold_tokens=NEVER)
+    queue.push(lazy(now=10.0, age=0.5))
+    assert queue.ready_batch(now=10.4) == []
+    assert len(queue.ready_batch(now=10.6)) == 1 and queue.flush_reasons == {"age": 1}
+
+
+def test_eager_steps_batch_across_requests_and_fasttts_steps_per_request():
+    queue = VerifyQueue(default_threshold_tokens=NEVER)
+    queue.push(QueuedStep("a", 0, None, False, "immediate", 5, 0.0, None, 6, 1.0))
+    queue.push(QueuedStep("b", 1, None, False, "round", 5, 0.0, None, 6, 1.0))
+    queue.push(lazy(request="c"))
+    assert [i.request for i in queue.ready_batch(0.0)] == ["a", "b"]  # lazy waits for its trigger
+    queue.push(QueuedStep("d", 2, None, True, "per_request", 5, 0.0, None, 6, 1.0))
+    queue.push(QueuedStep("e", 3, None, True, "per_request", 5, 0.0, None, 6, 1.0))
+    queue.push(QueuedStep("d", 4, None, True, "per_request", 5, 0.0, None, 6, 1.0))
+    assert [i.candidate for i in queue.ready_batch(0.0)] == [2, 4]  # one request per PRM call
+    assert [i.candidate for i in queue.ready_batch(0.0)] == [3]
+    assert [i.request for i in queue.any_batch()] == ["c"]  # generator idle: flush the rest
+
+
+def test_specscale_runtime_flushes_lazily_with_bigger_batches():
+    sizes = {}
+    for preset in ("ep+cd", "specscale"):
+        clock = VirtualClock()
+        runtime = SearchRuntime(ScriptedEngine(clock), ScriptedVerifier(clock), clock=clock, lv_threshold_tokens=60)
+        config = preset_config(preset, beam_size=8, beam_width=4, max_rounds=6, seed=5)
+        runtime.run([SearchRequest(f"q{i}", [1, 2, 3, i], config) for i in range(6)])
+        sizes[preset] = sum(runtime.verifier.batches) / len(runtime.verifier.batches)
+        assert runtime.engine.num_live_sequences == 0
+    assert sizes["specscale"] > 1.25 * sizes["ep+cd"]  # fewer, bigger PRM calls
+
+
+def test_thinning_keeps_a_uniform_subset():
+    # Keep 3 of 8 copies that finish as pieces of sizes 5 and 3: how many of the first piece are kept
+    # must follow the hypergeometric law (keep 3 of 8, 5 "marked").
+    rng = random.Random(0)
+    counts = Counter()
+    for _ in range(20_000):
+        counts[kept_copies(rng, 8, 3, 5)] += 1
+    expected = {0: 1 / 56, 1: 15 / 56, 2: 30 / 56, 3: 10 / 56}  # C(5,k)C(3,3-k)/C(8,3)
+    observed = [counts[k] for k in range(4)]
+    assert chisquare(observed, [expected[k] * 20_000 for k in range(4)]).pvalue > 1e-3

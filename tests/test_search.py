@@ -1,0 +1,121 @@
+"""Exact search semantics on a scripted backend: every preset, strict pruning keeps what beam keeps,
+the perfect-score shortcut, CD row counts, cancellation and zero leaked sequences."""
+
+import pytest
+from fake_backend import ScriptedEngine, ScriptedVerifier, VirtualClock, prefix_only_step
+
+from specscale.search.presets import PRESETS, preset_config
+from specscale.search.runtime import SearchRequest, SearchRuntime
+
+PROMPT = [1, 2, 3, 4, 5]
+
+
+def logical_paths(result) -> list[tuple[str, int]]:
+    """The returned paths as a multiset of texts (copies merged), whatever the physical grouping."""
+    merged: dict[str, int] = {}
+    for p in result.paths:
+        merged[p.text] = merged.get(p.text, 0) + p.copies
+    return sorted(merged.items())
+
+
+def make_runtime(step_fn=None, perfect_rate=0.0, max_concurrency=32):
+    clock = VirtualClock()
+    engine = ScriptedEngine(clock) if step_fn is None else ScriptedEngine(clock, step_fn)
+    verifier = ScriptedVerifier(clock, perfect_rate=perfect_rate)
+    return SearchRuntime(engine, verifier, clock=clock, max_concurrency=max_concurrency, lv_threshold_tokens=40)
+
+
+def run_preset(name, n_requests=4, step_fn=None, perfect_rate=0.0, **overrides):
+    runtime = make_runtime(step_fn, perfect_rate)
+    options = dict(beam_size=8, beam_width=4, max_rounds=8, seed=11)
+    options.update(overrides)
+    requests = [SearchRequest(f"question {i}", PROMPT + [i], preset_config(name, **options), f"r{i}")
+                for i in range(n_requests)]
+    results = runtime.run(requests)
+    assert runtime.engine.num_live_sequences == 0, "sequences leaked"
+    assert not runtime.queue
+    return runtime, results
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_completes_and_releases_everything(preset):
+    runtime, results = run_preset(preset)
+    for result in results:
+        assert result.error is None
+        assert result.paths and sum(p.copies for p in result.paths) <= 8
+        assert result.best.score == max(p.score for p in result.paths)
+        assert result.usage.generated_tokens >= result.usage.wasted_tokens >= 0
+
+
+@pytest.mark.parametrize("n,m", [(8, 4), (4, 4), (16, 4), (8, 2)])
+def test_strict_pruning_and_naive_speculation_retain_what_beam_retains(n, m):
+    decisions = {}
+    for preset in ("beam", "naive-spec", "ep-strict"):
+        runtime, _ = run_preset(preset, n_requests=3, beam_size=n, beam_width=m)
+        decisions[preset] = {rid: [(d.round, d.retained) for d in state.search.decisions]
+                             for rid, state in runtime.finished.items()}
+    assert decisions["beam"] == decisions["naive-spec"] == decisions["ep-strict"]
+    assert any(len(rounds) > 2 for rounds in decisions["beam"].values())  # the test has depth
+
+
+def test_strict_pruning_cancels_work_that_naive_speculation_keeps():
+    naive, _ = run_preset("naive-spec", n_requests=3)
+    strict, _ = run_preset("ep-strict", n_requests=3)
+    assert sum(strict.engine.rows_per_step) < sum(naive.engine.rows_per_step)
+
+
+def test_perfect_scores_close_the_round_early():
+    runtime, _ = run_preset("ep", n_requests=3, perfect_rate=0.35)
+    early = [d for s in runtime.finished.values() for d in s.search.decisions if d.early]
+    assert early, "no round was closed by the shortcut"
+    for d in early:
+        assert len(d.retained) and sum(n for _, n in d.retained) == 2  # k = 8 / 4
+        assert d.finished_candidates < 8  # decided before every candidate had finished
+
+
+@pytest.mark.parametrize("cd_preset,plain_preset", [("beam+cd", "beam"), ("specscale", "ep-strict")])
+def test_dedup_runs_one_row_per_distinct_prefix_and_returns_the_same_paths(cd_preset, plain_preset):
+    plain, plain_results = run_preset(plain_preset, step_fn=prefix_only_step, max_rounds=4)
+    cd, cd_results = run_preset(cd_preset, step_fn=prefix_only_step, max_rounds=4)
+    for a, b in zip(plain_results, cd_results):
+        assert logical_paths(a) == logical_paths(b)
+    # every child of a prefix writes the same step here, so CD needs one row per request and round
+    assert max(cd.engine.rows_per_step) <= 4 < max(plain.engine.rows_per_step)
+
+
+def test_dedup_round_zero_matches_separate_children_copy_for_copy():
+    plain, _ = run_preset("beam", n_requests=2, max_rounds=1)
+    cd, _ = run_preset("beam+cd", n_requests=2, max_rounds=1)
+    for rid in plain.finished:
+        assert logical_paths(plain.finished[rid].result) == logical_paths(cd.finished[rid].result)
+
+
+def test_cancel_mid_search_frees_everything_within_one_tick():
+    runtime = make_runtime()
+    config = preset_config("specscale", beam_size=8, beam_width=4, max_rounds=8, seed=3)
+    keep = runtime.submit(SearchRequest("q0", PROMPT, config, "keep"))
+    victim = runtime.submit(SearchRequest("q1", PROMPT + [9], config, "victim"))
+    for _ in range(12):
+        runtime.step()
+    held = [s for s, p in runtime.physical.items() if p.request.request_id == victim]
+    assert held, "the victim should hold sequences mid-search"
+    assert runtime.cancel(victim)
+    assert not [s for s, p in runtime.physical.items() if p.request.request_id == victim]
+    assert all(runtime.engine.get(s) is None for s in held)
+    assert runtime.finished[victim].result.error == "cancelled"
+    while runtime.has_work():
+        runtime.step()
+    assert runtime.finished[keep].result.error is None
+    assert runtime.engine.num_live_sequences == 0
+
+
+def test_admission_respects_max_concurrency():
+    runtime = make_runtime(max_concurrency=2)
+    config = preset_config("beam", beam_size=4, beam_width=2, max_rounds=3, seed=1)
+    for i in range(5):
+        runtime.submit(SearchRequest(f"q{i}", PROMPT + [i], config))
+    peak = 0
+    while runtime.has_work():
+        runtime.step()
+        peak = max(peak, len(runtime.active))
+    assert peak == 2 and len(runtime.finished) == 5
