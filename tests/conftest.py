@@ -9,6 +9,9 @@ torch.set_num_threads(2)
 
 from checkpoints import build_checkpoint  # noqa: E402
 
+from specscale.engine.engine import Engine  # noqa: E402
+from specscale.engine.sequence import SequenceStatus  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def qwen2_dir(tmp_path_factory):
@@ -18,3 +21,23 @@ def qwen2_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("llama"), "llama")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_blocks(monkeypatch):
+    """Every engine a test creates must end with no sequence holding KV blocks, except a PRM
+    verifier's cached prefixes (paused prefill-only sequences that `Verifier.clear()` releases)."""
+    created: list[Engine] = []
+    original = Engine.__init__
+
+    def tracking_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        created.append(self)
+
+    monkeypatch.setattr(Engine, "__init__", tracking_init)
+    yield
+    for engine in created:
+        engine.block_manager.check_invariants(engine.scheduler.sequences.values())
+        leaked = [s for s in engine.scheduler.sequences.values()
+                  if s.block_table and not (s.is_readout and s.status == SequenceStatus.PAUSED)]
+        assert not leaked, f"{len(leaked)} sequences still hold KV blocks after the test"

@@ -40,6 +40,12 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return torch.empty_like(logits).scatter_(-1, order, filtered)
 
 
+def exponential_noise(shape: tuple, generator: torch.Generator, device) -> torch.Tensor:
+    """E ~ Exp(1) as -log(U), U ~ Uniform[0, 1): the same law as Tensor.exponential_, several times
+    faster on CPU. U = 0 gives E = inf, i.e. that draw ignores the token (probability 2^-24)."""
+    return torch.rand(shape, generator=generator, device=device).log_().neg_()
+
+
 class Sampler:
     def __init__(self, generator: torch.Generator):
         self.generator = generator
@@ -74,14 +80,13 @@ class Sampler:
         for k, i in enumerate(indices):
             row = rows[i]
             if row.generator is not None:
-                noise = torch.empty(row.num_draws, probs.shape[-1], device=probs.device)
-                noise.exponential_(generator=row.generator)  # [n, V]
+                noise = exponential_noise((row.num_draws, probs.shape[-1]), row.generator, probs.device)  # [n, V]
                 out[i] = (probs[k][None, :] / noise).argmax(dim=-1).tolist()
             else:
                 by_draws.setdefault(row.num_draws, []).append(k)
         for n, group in by_draws.items():
             p = probs[group]  # [G, V]
-            noise = torch.empty(len(group), n, p.shape[-1], device=p.device).exponential_(generator=self.generator)
+            noise = exponential_noise((len(group), n, p.shape[-1]), self.generator, p.device)  # [G, n, V]
             tokens = (p[:, None, :] / noise).argmax(dim=-1).tolist()  # [G, n]
             for k, drawn in zip(group, tokens):
                 out[indices[k]] = drawn

@@ -21,34 +21,51 @@ _SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+// Widen one K or V row to fp32 (vectorisable: bf16 is the top half of an fp32).
+static inline void widen(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+static inline void widen(const at::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+  #pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(raw[i]) << 16;
+}
+template <typename T>
+static inline void widen(const T* src, float* dst, int64_t n) {  // fp16, fp64
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
 // One task = one (sequence, KV head): its G query heads share every K/V row that is loaded.
+// softmax(q.K / sqrt(d)) V over the context, two passes: scores, then the weighted sum of values.
 template <typename T>
 static void decode_task(const T* q, const T* kc, const T* vc, const int32_t* table, int64_t ctx,
                         T* out, int64_t G, int64_t D, int64_t KVH, int64_t BS, int64_t kh, float scale,
-                        std::vector<float>& qf, std::vector<float>& scores, std::vector<float>& acc) {
-  for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(q[i]) * scale;
+                        std::vector<float>& qf, std::vector<float>& row, std::vector<float>& scores,
+                        std::vector<float>& acc) {
+  widen(q, qf.data(), G * D);
+  for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
   scores.resize(G * ctx);
   for (int64_t t0 = 0; t0 < ctx; t0 += BS) {
     const int64_t n = std::min(BS, ctx - t0);
     const int64_t base = static_cast<int64_t>(table[t0 / BS]) * BS;
     for (int64_t t = 0; t < n; ++t) {
-      const T* krow = kc + ((base + t) * KVH + kh) * D;
+      widen(kc + ((base + t) * KVH + kh) * D, row.data(), D);
+      const float* k = row.data();
       for (int64_t j = 0; j < G; ++j) {
         const float* qj = qf.data() + j * D;
         float s = 0.f;
         #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < D; ++d) s += qj[d] * static_cast<float>(krow[d]);
+        for (int64_t d = 0; d < D; ++d) s += qj[d] * k[d];
         scores[j * ctx + t0 + t] = s;
       }
     }
   }
-  // softmax over the context, per query head: p_t = exp(s_t - max) / sum
   std::vector<float> inv_sum(G);
-  for (int64_t j = 0; j < G; ++j) {
+  for (int64_t j = 0; j < G; ++j) {  // p_t = exp(s_t - max) / sum
     float* s = scores.data() + j * ctx;
-    float m = *std::max_element(s, s + ctx);
+    const float m = *std::max_element(s, s + ctx);
     float total = 0.f;
     for (int64_t t = 0; t < ctx; ++t) { s[t] = std::exp(s[t] - m); total += s[t]; }
     inv_sum[j] = 1.f / total;
@@ -58,12 +75,13 @@ static void decode_task(const T* q, const T* kc, const T* vc, const int32_t* tab
     const int64_t n = std::min(BS, ctx - t0);
     const int64_t base = static_cast<int64_t>(table[t0 / BS]) * BS;
     for (int64_t t = 0; t < n; ++t) {
-      const T* vrow = vc + ((base + t) * KVH + kh) * D;
+      widen(vc + ((base + t) * KVH + kh) * D, row.data(), D);
+      const float* v = row.data();
       for (int64_t j = 0; j < G; ++j) {
         const float p = scores[j * ctx + t0 + t];
         float* a = acc.data() + j * D;
         #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) a[d] += p * static_cast<float>(vrow[d]);
+        for (int64_t d = 0; d < D; ++d) a[d] += p * v[d];
       }
     }
   }
@@ -89,12 +107,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor key_cache, torch::Tens
     const scalar_t* vp = value_cache.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> qf(G * D), scores, acc(G * D);
+      std::vector<float> qf(G * D), row(D), scores, acc(G * D);
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / KVH, kh = task % KVH;
         const int64_t offset = (b * H + kh * G) * D;
         decode_task<scalar_t>(qp + offset, kp, vp, tables + b * max_blocks, lens[b], op + offset,
-                              G, D, KVH, BS, kh, static_cast<float>(scale), qf, scores, acc);
+                              G, D, KVH, BS, kh, static_cast<float>(scale), qf, row, scores, acc);
       }
     });
   });
