@@ -6,7 +6,9 @@ import argparse
 import sys
 import time
 
+from specscale.bench import add_bench
 from specscale.defaults import TOY_GENERATOR
+from specscale.solve import add_solve
 from specscale.tasks.prompts import TOY_GENERATOR_SYSTEM_PROMPT
 
 
@@ -57,10 +59,37 @@ def run_generate(args) -> int:
     return 0
 
 
+def add_profile_prm(sub) -> None:
+    p = sub.add_parser("profile-prm", help="PRM input-token throughput vs batch size; records the "
+                       "lazy-verification threshold (the knee) for this model and device")
+    p.add_argument("--model", default=None, help="local PRM folder (default: the bundled toy PRM)")
+    p.add_argument("--out", default=None, help="JSON file (default: ~/.cache/specscale/prm-profiles/, "
+                   "keyed by model and device, where the search looks)")
+    p.add_argument("--plot", default=None, help="PNG plot (default: next to the JSON file)")
+    p.add_argument("--batch-tokens", default=None, help="comma-separated (default: 256,512,...,8192)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--context-tokens", type=int, default=512, help="cached context each sequence extends")
+    p.add_argument("--step-tokens", type=int, default=128, help="new tokens per sequence")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--quick", action="store_true", help="tiny batches, 2 repeats (a smoke test)")
+    p.set_defaults(func=run_profile_prm)
+
+
+def run_profile_prm(args) -> int:
+    from specscale.verify.profile import run_profile_prm as run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specscale", description="PRM-guided test-time scaling server")
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
+    add_solve(sub)
+    add_bench(sub)
+    add_profile_prm(sub)
     return parser
 
 

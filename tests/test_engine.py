@@ -220,3 +220,14 @@ def test_pause_resume_and_set_priority(engine):
     outputs = run_until_idle(engine)
     assert engine.get(seq_id) is None and outputs[seq_id][-1].finish_reason == FinishReason.LENGTH
     assert len(generated(outputs, seq_id)) == 8  # 2 before the pause + 8 after = the segment's 10
+
+
+def test_prefix_cache_never_skips_a_readout_position(engine):
+    tokens = list(range(3, 63))
+    first = engine.add(tokens, None, readout_positions=[10, 56])
+    out_first = run_until_idle(engine)[first][-1].readouts
+    second = engine.add(tokens + [61], None, readout_positions=[10, 57])
+    out_second = run_until_idle(engine)[second][-1].readouts
+    assert out_second.shape[0] == 2  # position 10 lies in a cached block: it must still be read
+    assert torch.allclose(out_first[0], out_second[0], atol=1e-5)
+    assert engine.block_manager.num_cache_hit_tokens == 8  # only the blocks before position 10

@@ -48,14 +48,17 @@ class BlockManager:
     def allocate_cached_prefix(self, seq: Sequence) -> int:
         """For a sequence without blocks: take the cached full blocks of its prefix; returns tokens covered.
 
-        At least one token is left to compute so the forward pass yields the sequence's logits.
+        The last token, and every readout position, are left to compute so the forward pass yields them.
         """
         assert not seq.block_table and seq.num_computed_tokens == 0
         if not self.enable_prefix_caching:
             return 0
         bs = self.block_size
         parent = None
-        for i in range((len(seq.token_ids) - 1) // bs):
+        reusable = len(seq.token_ids) - 1  # the last token is computed for its logits
+        if seq.readout_positions:  # and every position to read out must be computed too
+            reusable = min(reusable, min(seq.readout_positions))
+        for i in range(reusable // bs):
             key = chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs])
             block = self.cached.get(key)
             if block is None:

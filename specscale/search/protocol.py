@@ -95,10 +95,12 @@ class Verify:
 
 @dataclass(frozen=True)
 class Cancel:
-    """Stop and free: expansions still generating, and the paused sequences of these handles."""
+    """Stop and free: expansions still generating, and the paused sequences of these handles.
+    candidates: ids of the dropped candidates (their queued verifications are dropped too)."""
 
     expansions: tuple[int, ...] = ()
     handles: tuple[int, ...] = ()
+    candidates: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

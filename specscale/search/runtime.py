@@ -68,6 +68,7 @@ class RequestState:
     wasted_tokens: int = 0
     generation_s: float = 0.0
     verification_s: float = 0.0
+    rounds_reported: int = 0
     result: SearchResult | None = None
 
     @property
@@ -77,7 +78,7 @@ class RequestState:
 
 class SearchRuntime:
     def __init__(self, engine, verifier, clock=_time.perf_counter, max_concurrency: int = 32,
-                 lv_threshold_tokens: int = 2048, on_finished=None):
+                 lv_threshold_tokens: int = 2048, on_finished=None, on_round=None):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.engine = engine
@@ -91,6 +92,7 @@ class SearchRuntime:
         self.finished: dict[str, RequestState] = {}
         self.physical: dict[int, Physical] = {}
         self.on_finished = on_finished  # optional callback(request_id, SearchResult)
+        self.on_round = on_round  # optional callback(request_id, Decision) after each decided round
         self._ids = itertools.count()
 
     # ---- public API ---------------------------------------------------------------------------------
@@ -260,6 +262,7 @@ class SearchRuntime:
 
     # ---- actions --------------------------------------------------------------------------------------
     def _apply(self, state: RequestState, actions: list) -> None:
+        self._report_rounds(state)
         for action in actions:
             if isinstance(action, Expand):
                 self._expand(state, action)
@@ -279,6 +282,13 @@ class SearchRuntime:
                 self._for_expansions(state, action.expansions, lambda s: self._resume(s, action.priority))
             elif isinstance(action, Done):
                 self._complete(state)
+
+    def _report_rounds(self, state: RequestState) -> None:
+        decisions = state.search.decisions
+        while state.rounds_reported < len(decisions):
+            if self.on_round is not None:
+                self.on_round(state.request_id, decisions[state.rounds_reported])
+            state.rounds_reported += 1
 
     def _for_expansions(self, state: RequestState, expansions, call) -> None:
         for expansion in expansions:
@@ -331,6 +341,8 @@ class SearchRuntime:
         for handle in action.handles:
             state.held.discard(handle)
             self._forget(handle, cancelled=True)
+        if action.candidates:  # pruned before their turn at the PRM: never verify them
+            self.queue.drop_candidates(state, set(action.candidates))
 
     def _forget(self, seq: int, cancelled: bool) -> None:
         """Abort an engine sequence (its unshared blocks are freed at once) and account for it."""

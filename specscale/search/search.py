@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specscale.config import SearchConfig
 from specscale.search import policies
@@ -40,9 +40,24 @@ class Decision:
     retained: tuple[tuple[tuple[str, ...], int], ...]  # (path steps, copies), best first
     finished_candidates: int  # logical candidates of the round (children of retained paths) finished by then
     early: bool  # closed by the perfect-score shortcut
+    best_score: float  # aggregated score of the best retained path
 SCORED, RETAINED, DROPPED, COMPLETED = (
     CandidateState.SCORED, CandidateState.RETAINED, CandidateState.DROPPED, CandidateState.COMPLETED,
 )
+
+
+@dataclass
+class _Dropped:
+    """What one cancellation gathers while walking a subtree."""
+
+    expansions: list = field(default_factory=list)
+    handles: list = field(default_factory=list)
+    candidates: list = field(default_factory=list)
+
+    def actions(self) -> list:
+        if not (self.expansions or self.handles or self.candidates):
+            return []
+        return [Cancel(tuple(self.expansions), tuple(self.handles), tuple(self.candidates))]
 
 
 class Search:
@@ -208,7 +223,7 @@ class Search:
         retained = shortcut or self._select(active)
         finished = sum(c.multiplicity for c in rd.candidates if c.parent is None or c.parent.state == RETAINED)
         self.decisions.append(Decision(rd.index, tuple((tuple(c.steps()), n) for c, n in retained),
-                                       finished, shortcut is not None))
+                                       finished, shortcut is not None, retained[0][0].score))
         kept = {c for c, _ in retained}
         actions += self._drop([c for c in active if c not in kept])
         counts = self._children_counts(retained)
@@ -386,29 +401,30 @@ class Search:
 
     # ---- cancellation -------------------------------------------------------------------------------
     def _drop(self, candidates: list[Candidate]) -> list:
-        expansions, handles = [], []
+        dropped = _Dropped()
         for c in candidates:
-            self._collect_subtree(c, expansions, handles)
-        return [Cancel(tuple(expansions), tuple(handles))] if expansions or handles else []
+            self._collect_subtree(c, dropped)
+        return dropped.actions()
 
-    def _collect_subtree(self, c: Candidate, expansions: list, handles: list) -> None:
+    def _collect_subtree(self, c: Candidate, dropped: "_Dropped") -> None:
         if c.state == DROPPED:
             return
         c.state = DROPPED
+        dropped.candidates.append(c.id)
         if c.handle is not None:
-            handles.append(c.handle)
+            dropped.handles.append(c.handle)
             c.handle = None
         for e in c.children:
-            self._collect_expansion(e, expansions, handles)
+            self._collect_expansion(e, dropped)
 
-    def _collect_expansion(self, e: Expansion, expansions: list, handles: list) -> None:
+    def _collect_expansion(self, e: Expansion, dropped: "_Dropped") -> None:
         if not e.cancelled:
             e.cancelled = True
             if e.remaining:
-                expansions.append(e.id)
+                dropped.expansions.append(e.id)
         for child in self.rounds[e.round].candidates:
             if child.expansion is e:
-                self._collect_subtree(child, expansions, handles)
+                self._collect_subtree(child, dropped)
 
     def _stop_generating(self, e: Expansion) -> list:
         """Abort e's pieces still generating; its finished pieces stay."""
@@ -418,10 +434,10 @@ class Search:
         return [Cancel((e.id,), ())]
 
     def _cancel_expansions(self, group: list[Expansion]) -> list:
-        expansions, handles = [], []
+        dropped = _Dropped()
         for e in group:
-            self._collect_expansion(e, expansions, handles)
-        return [Cancel(tuple(expansions), tuple(handles))] if expansions or handles else []
+            self._collect_expansion(e, dropped)
+        return dropped.actions()
 
     def _release(self, candidates: list[Candidate]) -> list:
         handles = [c.handle for c in candidates if c.handle is not None]

@@ -83,6 +83,9 @@ class VerifyQueue:
             if item.mode == "lazy":
                 item.deferrals += 1
 
+    def drop_candidates(self, request: object, candidates: set[int]) -> None:
+        self.items = [i for i in self.items if not (i.request is request and i.candidate in candidates)]
+
     def drop_request(self, request: object) -> None:
         self.items = [i for i in self.items if i.request is not request]
 

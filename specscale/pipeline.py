@@ -1,0 +1,71 @@
+"""Pipeline: the generator engine, the PRM verifier and the search runtime built from one config.
+
+The CLI (`specscale solve`, `specscale bench`) and the server build their serving stack here, so the
+three agree on defaults: the bundled toy models, served in their checkpoint dtype (bf16), on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specscale.config import EngineConfig, SearchConfig
+from specscale.defaults import TOY_GENERATOR, TOY_PRM
+from specscale.engine.engine import Engine
+from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.tasks.prompts import TOY_GENERATOR_SYSTEM_PROMPT
+from specscale.verify.prm import Verifier, VerifierConfig
+from specscale.verify.profile import load_lv_threshold
+
+DEFAULT_LV_THRESHOLD = 2048  # SPEC 3.3's default when this PRM and device were never profiled
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """generator / prm: local Hugging Face folders. lv_threshold_tokens None reads the profiler's file
+    (`specscale profile-prm`) for this PRM and device, else falls back to 2048."""
+
+    generator: str = str(TOY_GENERATOR)
+    prm: str = str(TOY_PRM)
+    generator_dtype: str = "auto"
+    prm_dtype: str = "auto"
+    device: str = "cpu"
+    generator_kv_gb: float = 2.0
+    prm_kv_gb: float = 1.0
+    max_num_seqs: int = 512
+    max_concurrency: int = 32
+    lv_threshold_tokens: int | None = None
+    system_prompt: str = TOY_GENERATOR_SYSTEM_PROMPT
+    seed: int = 0
+
+
+class Pipeline:
+    def __init__(self, config: PipelineConfig = PipelineConfig(), clock=None):
+        self.config = config
+        self.engine = Engine(EngineConfig(
+            model=config.generator, dtype=config.generator_dtype, device=config.device,
+            kv_cache_memory_gb=config.generator_kv_gb, max_num_seqs=config.max_num_seqs, seed=config.seed,
+        ))
+        self.verifier = Verifier(VerifierConfig(EngineConfig(
+            model=config.prm, dtype=config.prm_dtype, device=config.device, kv_cache_memory_gb=config.prm_kv_gb,
+            max_num_batched_tokens=8192, max_num_seqs=1024, seed=config.seed,
+        )))
+        self.lv_threshold_tokens = self._lv_threshold()
+        extra = {} if clock is None else {"clock": clock}
+        self.runtime = SearchRuntime(self.engine, self.verifier, max_concurrency=config.max_concurrency,
+                                     lv_threshold_tokens=self.lv_threshold_tokens, **extra)
+
+    def _lv_threshold(self) -> int:
+        if self.config.lv_threshold_tokens is not None:
+            return self.config.lv_threshold_tokens
+        return load_lv_threshold(self.config.prm, self.config.device) or DEFAULT_LV_THRESHOLD
+
+    def prompt_ids(self, question: str) -> list[int]:
+        messages = [{"role": "system", "content": self.config.system_prompt}, {"role": "user", "content": question}]
+        tok = self.engine.tokenizer
+        return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+
+    def request(self, question: str, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
+        return SearchRequest(question, self.prompt_ids(question), config, request_id)
+
+    def close(self) -> None:
+        self.verifier.close()

@@ -1,0 +1,79 @@
+"""`specscale solve`: run a search preset over questions (default: held-out toy problems) and report.
+
+This is the project's main job on the bundled models: it prints each answer, the accuracy, output
+tokens per second and where the time went.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+from specscale.pipeline import Pipeline, PipelineConfig
+from specscale.search.presets import PRESETS, preset_config
+from specscale.tasks.toy import is_correct, toy_problems
+
+
+def add_solve(sub) -> None:
+    p = sub.add_parser("solve", help="solve questions with PRM-guided search (default: toy test problems)")
+    p.add_argument("--preset", default="specscale", choices=sorted(PRESETS))
+    p.add_argument("--question", action="append", help="a question (repeatable); default: toy test problems")
+    p.add_argument("--problems", type=int, default=16, help="how many toy test problems")
+    p.add_argument("--beam-size", type=int, default=8)
+    p.add_argument("--beam-width", type=int, default=4)
+    p.add_argument("--max-rounds", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--generator", default=PipelineConfig.generator)
+    p.add_argument("--prm", default=PipelineConfig.prm)
+    p.add_argument("--max-concurrency", type=int, default=32)
+    p.add_argument("--quiet", action="store_true", help="only the summary")
+    p.set_defaults(func=run_solve)
+
+
+def run_solve(args) -> int:
+    pipeline = Pipeline(PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency))
+    problems = None if args.question else toy_problems("test", args.problems, seed=args.seed)
+    questions = args.question or [p.question for p in problems]
+    requests = []
+    for i, question in enumerate(questions):
+        config = preset_config(args.preset, beam_size=args.beam_size, beam_width=args.beam_width,
+                               max_rounds=args.max_rounds, seed=args.seed * 100_003 + i)
+        requests.append(pipeline.request(question, config, request_id=f"q{i}"))
+    results = serve(pipeline, requests)
+    correct = 0
+    for i, (question, result) in enumerate(zip(questions, results)):
+        ok = problems is not None and result.best is not None and is_correct(problems[i], result.best.text)
+        correct += ok
+        if not args.quiet:
+            verdict = "" if problems is None else ("  [correct]" if ok else f"  [wrong; true {problems[i].answer}]")
+            print(f"### {question}\nanswer: {result.answer}  (weighted vote {result.weighted_vote}){verdict}\n")
+    report(pipeline, results, correct if problems is not None else None, args.preset)
+    pipeline.close()
+    return 0
+
+
+def serve(pipeline: Pipeline, requests) -> list:
+    runtime = pipeline.runtime
+    ids = [runtime.submit(r) for r in requests]
+    start = time.perf_counter()
+    with tqdm(total=len(ids), desc="searches", unit="req") as bar:
+        while runtime.has_work():
+            bar.update(len(runtime.step()))
+    pipeline.elapsed_s = time.perf_counter() - start
+    return [runtime.finished[i].result for i in ids]
+
+
+def report(pipeline: Pipeline, results, correct: int | None, preset: str) -> None:
+    elapsed = pipeline.elapsed_s
+    output = sum(r.usage.output_tokens for r in results)
+    generated = sum(r.usage.generated_tokens for r in results)
+    metrics = pipeline.runtime.metrics.summary()
+    print(f"preset {preset}: {len(results)} requests in {elapsed:.1f} s")
+    if correct is not None:
+        print(f"accuracy {correct}/{len(results)} = {correct / len(results):.1%}")
+    print(f"output tokens/s {output / elapsed:.0f}   generated tokens/s {generated / elapsed:.0f}   "
+          f"wasted {sum(r.usage.wasted_tokens for r in results)} tokens")
+    print(f"time: generation {metrics['generation_s']:.1f} s, verification {metrics['verification_s']:.1f} s, "
+          f"other {elapsed - metrics['generation_s'] - metrics['verification_s']:.1f} s; "
+          f"PRM calls {metrics['verifier_calls']}, physical/logical {metrics['physical_to_logical']:.2f}")
