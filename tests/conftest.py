@@ -1,8 +1,13 @@
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# OpenMP threads that spin while waiting make torch ~50x slower whenever another process is busy on
+# this 2-core machine; sleeping waits cost little when it is quiet. Must be set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(2)
