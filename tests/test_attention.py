@@ -11,10 +11,10 @@ from specscale.model import cpu_kernels
 from specscale.model.attention import paged_attention, write_kv
 from specscale.model.runner import ModelRunner
 
-H, KVH, D, BS, NB = 8, 2, 16, 4, 64
+H, KVH, BS, NB = 8, 2, 4, 64
 
 
-def dense_attention(q, k, v, start):
+def dense_attention(q, k, v, start, D):
     """q [n, H, D] at positions start..start+n-1; k, v [ctx, KVH, D] for positions 0..ctx-1."""
     g = H // KVH
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # [ctx, H, D]
@@ -24,20 +24,27 @@ def dense_attention(q, k, v, start):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-class _TinyModel:  # what ModelRunner reads off a model to size the pool
-    class args:
-        num_kv_heads, head_dim, num_layers = KVH, D, 1
+def tiny_model(head_dim):
+    """What ModelRunner reads off a model to size its KV pool."""
 
-    class model:
-        class embed_tokens:
-            weight = torch.empty(1)
+    class Model:
+        class args:
+            num_kv_heads, num_layers = KVH, 1
+
+        class model:
+            class embed_tokens:
+                weight = torch.empty(1)
+
+    Model.args.head_dim = head_dim
+    return Model()
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpp"])
-def test_paged_attention_equals_dense(backend):
+# D = 16 takes the AVX-512 kernel path (D a multiple of 16), D = 24 the portable one
+@pytest.mark.parametrize("backend,D", [("torch", 16), ("cpp", 16), ("cpp", 24)])
+def test_paged_attention_equals_dense(backend, D):
     assert backend == "torch" or cpu_kernels.available(), "the C++ decode kernel failed to build"
     torch.manual_seed(0)
-    runner = ModelRunner(_TinyModel(), NB, BS, attention_backend=backend)
+    runner = ModelRunner(tiny_model(D), NB, BS, attention_backend=backend)
     key_cache, value_cache = runner.kv_caches[0]
     # (cached tokens, new tokens) per sequence: decode rows and prefill chunks with cached prefixes
     shapes = [(9, 1), (0, 1), (30, 1), (0, 7), (5, 11), (13, 3)]
@@ -63,5 +70,5 @@ def test_paged_attention_equals_dense(backend):
     v_new = torch.cat([vs[i][shapes[i][0]:] for i in order])
     write_kv(key_cache, value_cache, k_new, v_new, meta.slot_mapping)
     out = paged_attention(q, key_cache, value_cache, meta, 1 / math.sqrt(D))
-    expected = torch.cat([dense_attention(q_new[i], ks[i], vs[i], shapes[i][0]) for i in order])
+    expected = torch.cat([dense_attention(q_new[i], ks[i], vs[i], shapes[i][0], D) for i in order])
     assert (out - expected).abs().max().item() < 1e-5
