@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-SUBCOMMANDS: list[str] = []  # e.g. "throughput", "latency", "accuracy", "characterize", "sweeps", "serve"
+SUBCOMMANDS: list[str] = ["throughput", "latency", "accuracy", "characterize", "sweep_lv", "scaling", "serve"]
 
 
 def add_bench(sub) -> None:

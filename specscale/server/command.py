@@ -1,0 +1,116 @@
+"""`specscale serve`: build the pipeline, the engine loop and the app, bind the socket, run uvicorn.
+
+The socket is bound before uvicorn starts, so `--port 0` serves on a free port; the line
+`SpecScale serving <model> at http://HOST:PORT` on stdout says where (tests and scripts read it).
+Checkpoints are read as safetensors, tokenizer.json and a sandboxed chat template: no code from a
+checkpoint folder is ever imported or executed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import socket
+from pathlib import Path
+
+from specscale.pipeline import DEFAULT_LV_THRESHOLD, Pipeline, PipelineConfig
+from specscale.search.presets import PRESETS
+from specscale.server.settings import ServerSettings
+
+log = logging.getLogger("specscale.server")
+
+
+def add_serve(sub) -> None:
+    defaults, limits = PipelineConfig(), ServerSettings()
+    p = sub.add_parser("serve", help="serve searches over an OpenAI-compatible HTTP API",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at startup)")
+    p.add_argument("--generator", default=defaults.generator, help="local Hugging Face folder")
+    p.add_argument("--prm", default=defaults.prm, help="local Hugging Face folder")
+    p.add_argument("--served-model-name", default=None, help="the API's model id (default: generator folder name)")
+    p.add_argument("--api-key", default=os.environ.get("SPECSCALE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECSCALE_API_KEY, else none)")
+    p.add_argument("--default-preset", default=limits.default_preset, choices=sorted(PRESETS))
+    p.add_argument("--max-concurrency", type=int, default=defaults.max_concurrency, help="searches running at once")
+    p.add_argument("--max-waiting", type=int, default=limits.max_waiting,
+                   help="accepted searches waiting for a slot; more are refused with 429")
+    p.add_argument("--max-beam-size", type=int, default=limits.max_beam_size)
+    p.add_argument("--request-timeout", type=float, default=limits.request_timeout_s, help="seconds per search")
+    p.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes)
+    p.add_argument("--system-prompt", default=defaults.system_prompt,
+                   help="put first in chats without a system message")
+    p.add_argument("--generator-kv-gb", type=float, default=defaults.generator_kv_gb)
+    p.add_argument("--prm-kv-gb", type=float, default=defaults.prm_kv_gb)
+    p.add_argument("--lv-threshold-tokens", type=int, default=None,
+                   help=f"lazy-verification threshold (default: the PRM profile's, else {DEFAULT_LV_THRESHOLD})")
+    p.add_argument("--device", default=defaults.device)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args) -> int:
+    for name, folder in (("generator", args.generator), ("prm", args.prm)):
+        if not (Path(folder) / "config.json").is_file():
+            print(f"specscale serve: no checkpoint at {folder} (--{name}); pass a local Hugging Face folder")
+            return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    app = build_server(args)
+    sock = bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print(f"SpecScale serving {_served_name(args)} at http://{_url_host(host)}:{port}", flush=True)
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log, timeout_graceful_shutdown=5)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        uvicorn.Server(config).run(sockets=[sock])
+    print("SpecScale stopped", flush=True)
+    return 0
+
+
+def build_server(args):
+    """The app for these arguments: loads both models (the slow part)."""
+    from specscale.server.app import build_app
+    from specscale.server.engine_loop import EngineLoop
+    from specscale.server.metrics import ServerMetrics
+    from specscale.server.search_builder import SearchBuilder
+
+    pipeline = Pipeline(PipelineConfig(
+        generator=args.generator, prm=args.prm, device=args.device, generator_kv_gb=args.generator_kv_gb,
+        prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency, lv_threshold_tokens=args.lv_threshold_tokens,
+        system_prompt=args.system_prompt, seed=args.seed,
+    ))
+    settings = ServerSettings(
+        served_model_name=_served_name(args), default_preset=args.default_preset, max_waiting=args.max_waiting,
+        max_beam_size=args.max_beam_size, request_timeout_s=args.request_timeout, max_body_bytes=args.max_body_bytes,
+        api_key=args.api_key or None,
+    )
+    metrics = ServerMetrics()
+    engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s)
+    builder = SearchBuilder(pipeline.engine.tokenizer, pipeline.config.system_prompt, pipeline.engine.max_model_len,
+                            pipeline.verifier.format, pipeline.verifier.max_input_tokens, settings)
+    return build_app(engine_loop, builder, metrics, settings, on_shutdown=pipeline.close)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _served_name(args) -> str:
+    return args.served_model_name or Path(args.generator).resolve().name
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,297 @@
+"""EngineLoop: the one thread that owns the search runtime, and the thread-safe doorway to it.
+
+The runtime is not thread-safe, so only this thread calls it. Asyncio handlers talk to it through
+`submit` and `cancel`, which append commands to an inbox under a condition variable and wake the
+thread. The thread loops: take the inbox's commands (sleeping on the condition while there is nothing
+to run: never a busy loop), apply them (submit / cancel: a cancel frees the search's KV blocks at
+once), run one `runtime.step()` if anything can run, publish an `EngineSnapshot`. The runtime's
+callbacks (`on_round`, `on_finished`) hand `RoundProgress` and `Outcome` events to each request's
+asyncio queue through `loop.call_soon_threadsafe`, so handlers simply await them.
+
+Overload control: a submit is refused (`Refusal`, HTTP 429) once the searches accepted but not yet
+admitted by the runtime reach `max_waiting` beyond the runtime's free slots, so the queue is bounded.
+If the runtime raises, the loop fails every open request, refuses new ones (503) and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from specscale.search.metrics import RunMetrics
+from specscale.search.result import SearchResult
+from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.server.metrics import ServerMetrics
+
+log = logging.getLogger("specscale.server")
+
+
+# ---- what the engine thread hands to the asyncio side -------------------------------------------------
+@dataclass(frozen=True)
+class RoundProgress:
+    """A round was decided: the best retained path so far and its aggregated score."""
+
+    round: int
+    best_path: str
+    best_score: float
+    retained: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The search left the runtime: result (error "cancelled" if it was cancelled), or failure when the
+    engine broke down before it finished."""
+
+    result: SearchResult | None
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A submit that was not accepted: status 429 (queue full, retry later) or 503 (engine down)."""
+
+    status: int
+    message: str
+    retry_after_s: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's state after the latest tick (read by /health and /metrics from any thread)."""
+
+    ticks: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    prm_kv_blocks_used: int = 0
+    prm_kv_blocks_total: int = 0
+    live_sequences: int = 0
+    failure: str | None = None
+
+
+class RequestHandle:
+    """One submitted search as its handler sees it: events arrive on an asyncio queue of its loop."""
+
+    def __init__(self, request_id: str, preset: str, wants_progress: bool, loop: asyncio.AbstractEventLoop):
+        self.request_id = request_id
+        self.preset = preset
+        self.wants_progress = wants_progress
+        self.loop = loop
+        self.events: asyncio.Queue[RoundProgress | Outcome] = asyncio.Queue()
+
+    def deliver(self, event: RoundProgress | Outcome) -> None:
+        """Called on the engine thread."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+# ---- commands into the engine thread -------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Submit:
+    handle: RequestHandle
+    request: SearchRequest
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    request_id: str
+    reason: str
+    requested_at_tick: int
+
+
+@dataclass
+class _Inbox:
+    commands: deque = field(default_factory=deque)
+    submits: int = 0  # _Submit commands in `commands`
+
+
+class EngineLoop:
+    def __init__(self, runtime: SearchRuntime, metrics: ServerMetrics, max_waiting: int, retry_after_s: int = 1):
+        self.runtime = runtime
+        self.metrics = metrics
+        self.max_waiting = max_waiting
+        self.retry_after_s = retry_after_s
+        runtime.on_round = self._on_round
+        runtime.on_finished = self._on_finished
+        self._condition = threading.Condition()
+        self._inbox = _Inbox()  # guarded by _condition, like the three fields below
+        self._runtime_waiting = 0
+        self._free_slots = runtime.max_concurrency
+        self._stopping = False
+        self._handles: dict[str, RequestHandle] = {}  # engine thread only
+        self._ticks = 0
+        self._finished_generated_tokens = 0
+        self.snapshot = EngineSnapshot(kv_blocks_total=self._generator_blocks().num_blocks,
+                                       prm_kv_blocks_total=self._prm_blocks().num_blocks)
+        self._thread = threading.Thread(target=self._run, name="specscale-engine", daemon=True)
+
+    # ---- lifecycle (any thread) -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Cancel every open search (their KV freed) and end the thread."""
+        with self._condition:
+            self._stopping = True
+            self._condition.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    @property
+    def failure(self) -> str | None:
+        return self.snapshot.failure
+
+    # ---- the asyncio side ---------------------------------------------------------------------------
+    def submit(self, request: SearchRequest, preset: str, wants_progress: bool) -> RequestHandle | Refusal:
+        """Hand a search to the engine thread (call from the event loop that will await its events)."""
+        handle = RequestHandle(request.request_id, preset, wants_progress, asyncio.get_running_loop())
+        with self._condition:
+            refusal = self._refusal()
+            if refusal is not None:
+                return refusal
+            self._inbox.commands.append(_Submit(handle, request))
+            self._inbox.submits += 1
+            self._condition.notify()
+        return handle
+
+    def refusal(self) -> Refusal | None:
+        """What a submit would be refused with now (a cheap check before preparing a search)."""
+        with self._condition:
+            return self._refusal()
+
+    def _refusal(self) -> Refusal | None:
+        if self._stopping or self.snapshot.failure is not None:
+            return Refusal(503, f"the engine is not serving: {self.snapshot.failure or 'shutting down'}")
+        if self._queued() >= self.max_waiting + self._free_slots:
+            return Refusal(429, f"the server is at capacity ({self._queued()} searches waiting); retry later",
+                           retry_after_s=self.retry_after_s)
+        return None
+
+    def cancel(self, request_id: str, reason: str) -> None:
+        """Ask the engine thread to cancel a search (a no-op once it has finished)."""
+        with self._condition:
+            self._inbox.commands.append(_Cancel(request_id, reason, self._ticks))
+            self._condition.notify()
+
+    def waiting(self) -> int:
+        with self._condition:
+            return self._queued()
+
+    def _queued(self) -> int:
+        return self._runtime_waiting + self._inbox.submits
+
+    # ---- the engine thread --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._wait_for_work():
+                for command in self._take_commands():
+                    self._apply(command)
+                if self._has_runnable_work():
+                    self._tick()
+                self._publish()
+            self._cancel_everything()
+            self._publish()
+        except Exception as exc:  # the runtime's state cannot be trusted any more: fail loudly and stop
+            log.exception("the engine thread failed; refusing new requests")
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _wait_for_work(self) -> bool:
+        """Sleep until a command arrives or something can run; False once stopping."""
+        with self._condition:
+            while not self._inbox.commands and not self._stopping and not self._has_runnable_work():
+                self._condition.wait()
+            return not self._stopping
+
+    def _take_commands(self) -> list[_Submit | _Cancel]:
+        with self._condition:
+            commands = list(self._inbox.commands)
+            self._inbox.commands.clear()
+            self._runtime_waiting += self._inbox.submits  # they are about to enter runtime.waiting
+            self._inbox.submits = 0
+            return commands
+
+    def _has_runnable_work(self) -> bool:
+        """Something a tick would advance: a request to admit, engine work or queued PRM scoring."""
+        runtime = self.runtime
+        admittable = bool(runtime.waiting) and len(runtime.active) < runtime.max_concurrency
+        return admittable or runtime.engine.has_work() or bool(runtime.queue)
+
+    def _apply(self, command: _Submit | _Cancel) -> None:
+        if isinstance(command, _Submit):
+            self._handles[command.request.request_id] = command.handle
+            self.runtime.submit(command.request)
+        elif self.runtime.cancel(command.request_id):
+            self.metrics.cancellation(command.reason, self._ticks - command.requested_at_tick)
+        self.runtime.finished.clear()  # results went out through on_finished; keep no history
+
+    def _tick(self) -> None:
+        self.runtime.step()
+        self._ticks += 1
+        self.runtime.finished.clear()
+        self._record_verifier_batches()
+        active = sum(state.generated_tokens for state in self.runtime.active.values())
+        self.metrics.generated_total(self._finished_generated_tokens + active)
+
+    def _record_verifier_batches(self) -> None:
+        """Fold the runtime's per-run lists into the server's histograms and start them afresh, so a
+        server that runs for days keeps no per-tick history."""
+        run = self.runtime.metrics
+        for items, tokens in zip(run.verifier_batch_items, run.verifier_batch_tokens, strict=True):
+            self.metrics.verifier_batch(items, tokens)
+        self.runtime.metrics = RunMetrics()
+
+    def _publish(self) -> None:
+        runtime = self.runtime
+        with self._condition:
+            self._runtime_waiting = len(runtime.waiting)
+            self._free_slots = max(runtime.max_concurrency - len(runtime.active), 0)
+            self.snapshot = EngineSnapshot(
+                ticks=self._ticks, running=len(runtime.active), waiting=self._queued(),
+                kv_blocks_used=self._generator_blocks().num_used_blocks,
+                kv_blocks_total=self._generator_blocks().num_blocks,
+                prm_kv_blocks_used=self._prm_blocks().num_used_blocks,
+                prm_kv_blocks_total=self._prm_blocks().num_blocks,
+                live_sequences=runtime.engine.num_live_sequences,
+            )
+
+    def _generator_blocks(self):
+        return self.runtime.engine.block_manager
+
+    def _prm_blocks(self):
+        return self.runtime.verifier.engine.block_manager
+
+    # ---- runtime callbacks (engine thread, inside submit / cancel / step) --------------------------------
+    def _on_round(self, request_id: str, decision) -> None:
+        handle = self._handles.get(request_id)
+        if handle is None or not handle.wants_progress or not decision.retained:
+            return
+        best_steps, _copies = decision.retained[0]
+        handle.deliver(RoundProgress(decision.round, "".join(best_steps), decision.best_score,
+                                     len(decision.retained)))
+
+    def _on_finished(self, request_id: str, result: SearchResult) -> None:
+        self._finished_generated_tokens += result.usage.generated_tokens
+        handle = self._handles.pop(request_id, None)
+        if handle is None:
+            return
+        self.metrics.search_finished(handle.preset, result)
+        handle.deliver(Outcome(result))
+
+    # ---- shutdown and failure ----------------------------------------------------------------------------
+    def _cancel_everything(self) -> None:
+        for request_id in list(self._handles):
+            self.runtime.cancel(request_id)
+        self.runtime.finished.clear()
+
+    def _fail(self, reason: str) -> None:
+        with self._condition:
+            self._stopping = True
+            self.snapshot = EngineSnapshot(ticks=self._ticks, kv_blocks_total=self.snapshot.kv_blocks_total,
+                                           prm_kv_blocks_total=self.snapshot.prm_kv_blocks_total, failure=reason)
+        handles, self._handles = self._handles, {}
+        for handle in handles.values():
+            handle.deliver(Outcome(None, failure=reason))

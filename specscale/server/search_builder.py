@@ -1,0 +1,157 @@
+"""SearchBuilder: a validated OpenAI request → a `PreparedSearch` (the runtime's `SearchRequest` plus how
+to answer), or an `APIError` naming the field at fault.
+
+The generator prompt is the chat template applied to the messages (the server's system prompt is put
+first when the request has none, as search-and-learn does); the PRM scores (question, steps) where the
+question is the last user message. Sampling fields map onto the search: temperature, top_p, seed, and
+max_tokens as the per-step token cap. Preset, beam size / width, rounds and aggregation come from the
+`search` object; the server's limits (beam size, context, time budget) are checked here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jinja2
+
+from specscale.config import SearchConfig
+from specscale.search.presets import PRESETS, preset_config
+from specscale.search.runtime import SearchRequest
+from specscale.server.errors import APIError
+from specscale.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from specscale.server.settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class PreparedSearch:
+    request: SearchRequest
+    preset: str
+    n: int
+    answer_selection: str
+    timeout_s: float
+    stream: bool
+    include_usage: bool
+    model: str
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+class SearchBuilder:
+    """tokenizer: the generator's; context_tokens: its context; prm_format / prm_context_tokens: how the
+    PRM reads a question and how much it can read."""
+
+    def __init__(self, tokenizer, system_prompt: str, context_tokens: int, prm_format, prm_context_tokens: int,
+                 settings: ServerSettings):
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.context_tokens = context_tokens
+        self.prm_format = prm_format
+        self.prm_context_tokens = prm_context_tokens
+        self.settings = settings
+
+    # ---- endpoints ------------------------------------------------------------------------------
+    def chat(self, body: ChatCompletionRequest, request_id: str) -> PreparedSearch:
+        self._check_common(body)
+        question, prompt_ids = self._chat_prompt(body.messages)
+        return self._prepare(body, question, prompt_ids, request_id)
+
+    def completion(self, body: CompletionRequest, request_id: str) -> PreparedSearch:
+        self._check_common(body)
+        prompt = body.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise APIError(400, f"prompt: a list of {len(prompt)} prompts; send one prompt per request",
+                               "prompt")
+            prompt = prompt[0]
+        if not prompt.strip():
+            raise APIError(400, "prompt: the question must not be empty", "prompt")
+        turns = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": prompt}]
+        ids = self._encode_chat(turns, "prompt")
+        self._check_question_fits_prm(prompt, "prompt")
+        return self._prepare(body, prompt, ids, request_id)
+
+    # ---- checks ---------------------------------------------------------------------------------
+    def _check_common(self, body: SamplingFields) -> None:
+        if body.model is not None and body.model != self.settings.served_model_name:
+            raise APIError(404, f"model: the model {body.model!r} does not exist; this server serves "
+                           f"{self.settings.served_model_name!r}", "model", "model_not_found")
+        unsupported = body.unsupported_fields()
+        if unsupported is not None:
+            field, why = unsupported
+            raise APIError(400, f"{field}: {why}", field, "unsupported_parameter")
+
+    def _search_config(self, body: SamplingFields) -> tuple[str, SearchConfig]:
+        options = body.search
+        preset = options.preset or self.settings.default_preset
+        if preset not in PRESETS:
+            raise APIError(400, f"search.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}",
+                           "search.preset", "unknown_preset")
+        overrides = {
+            "beam_size": options.beam_size, "beam_width": options.beam_width, "max_rounds": options.max_rounds,
+            "aggregation": options.aggregation, "speculation_depth": options.speculation_depth,
+            "lv_threshold_tokens": options.lv_threshold_tokens, "temperature": body.temperature,
+            "top_p": body.top_p, "seed": body.seed, "max_step_tokens": body.per_step_tokens(),
+        }
+        overrides = {name: value for name, value in overrides.items() if value is not None}
+        base = SearchConfig(**PRESETS[preset])
+        beam_size = overrides.get("beam_size", base.beam_size)
+        beam_width = overrides.get("beam_width", base.beam_width)
+        if beam_size > self.settings.max_beam_size:
+            raise APIError(400, f"search.beam_size: {beam_size} is above this server's limit of "
+                           f"{self.settings.max_beam_size}", "search.beam_size", "beam_size_too_large")
+        if beam_size % beam_width:
+            raise APIError(400, f"search.beam_size: {beam_size} is not a multiple of search.beam_width "
+                           f"({beam_width})", "search.beam_size")
+        if body.n > beam_size:
+            raise APIError(400, f"n: {body.n} paths asked for, but the search keeps only beam_size = {beam_size}",
+                           "n")
+        try:
+            return preset, preset_config(preset, **overrides)
+        except ValueError as error:  # SearchConfig's own checks name the field
+            raise APIError(400, f"search: {error}", "search") from error
+
+    # ---- prompts ----------------------------------------------------------------------------------
+    def _chat_prompt(self, messages: list[ChatMessage]) -> tuple[str, list[int]]:
+        if not messages:
+            raise APIError(400, "messages: must contain at least one message", "messages")
+        if messages[-1].role != "user":
+            raise APIError(400, f"messages: the last message must be the user's question, not a "
+                           f"{messages[-1].role!r} message", "messages")
+        question = messages[-1].text()
+        if not question.strip():
+            raise APIError(400, "messages: the question (the last user message) is empty", "messages")
+        turns = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+        if turns[0]["role"] != "system":
+            turns.insert(0, {"role": "system", "content": self.system_prompt})
+        ids = self._encode_chat(turns, "messages")
+        self._check_question_fits_prm(question, "messages")
+        return question, ids
+
+    def _encode_chat(self, turns: list[dict], param: str) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True)
+        except jinja2.exceptions.TemplateError as error:
+            raise APIError(400, f"{param}: the model's chat template rejects them: {error}", param) from error
+        ids = self.tokenizer.encode(text)
+        if len(ids) >= self.context_tokens:
+            raise APIError(400, f"{param}: the prompt is {len(ids)} tokens; the model's context is "
+                           f"{self.context_tokens} tokens and the search needs room to generate", param,
+                           "context_length_exceeded")
+        return ids
+
+    def _check_question_fits_prm(self, question: str, param: str) -> None:
+        needed = len(self.prm_format.encode(question, ["."]).token_ids)
+        if needed >= self.prm_context_tokens:
+            raise APIError(400, f"{param}: the question takes {needed} tokens of the PRM's input; its context is "
+                           f"{self.prm_context_tokens} tokens", param, "context_length_exceeded")
+
+    def _prepare(self, body: SamplingFields, question: str, prompt_ids: list[int], request_id: str) -> PreparedSearch:
+        preset, config = self._search_config(body)
+        budget = self.settings.request_timeout_s
+        timeout_s = min(body.search.timeout_s or budget, budget)
+        return PreparedSearch(
+            SearchRequest(question, prompt_ids, config, request_id), preset, body.n, body.search.answer_selection,
+            timeout_s, body.stream, body.include_usage(), self.settings.served_model_name,
+        )
