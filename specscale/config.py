@@ -16,6 +16,9 @@ class EngineConfig:
     num_kv_blocks: KV pool size in blocks; None sizes it from kv_cache_memory_gb.
     max_num_batched_tokens: token budget of one iteration (decode rows + prefill chunks).
     max_num_seqs: most sequences in one iteration.
+    spare_rows: low-priority (priority < 0, i.e. speculative) rows only fill an iteration up to this
+        many rows in total — the batch size past which another row costs a full row's compute on
+        this device; None lets them fill max_num_seqs.
     max_model_len: context cap per sequence; None takes the model's max_position_embeddings.
     enable_prefix_caching: reuse full KV blocks whose content hash matches (automatic prefix caching).
     attention_backend: "auto" (C++ decode kernel on CPU when it builds), "torch" or "cpp".
@@ -30,6 +33,7 @@ class EngineConfig:
     kv_cache_memory_gb: float = 1.0
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
+    spare_rows: int | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
@@ -42,6 +46,8 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
         if self.max_num_seqs <= 0:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.spare_rows is not None and self.spare_rows < 0:
+            raise ValueError(f"spare_rows must be >= 0 or None, got {self.spare_rows}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 

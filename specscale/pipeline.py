@@ -32,6 +32,7 @@ class PipelineConfig:
     generator_kv_gb: float = 2.0
     prm_kv_gb: float = 1.0
     max_num_seqs: int = 512
+    spare_rows: int | None = None  # speculative rows fill an iteration up to this many rows
     max_concurrency: int = 32
     lv_threshold_tokens: int | None = None
     system_prompt: str = TOY_GENERATOR_SYSTEM_PROMPT
@@ -44,6 +45,7 @@ class Pipeline:
         self.engine = Engine(EngineConfig(
             model=config.generator, dtype=config.generator_dtype, device=config.device,
             kv_cache_memory_gb=config.generator_kv_gb, max_num_seqs=config.max_num_seqs, seed=config.seed,
+            spare_rows=config.spare_rows,
         ))
         self.verifier = Verifier(VerifierConfig(EngineConfig(
             model=config.prm, dtype=config.prm_dtype, device=config.device, kv_cache_memory_gb=config.prm_kv_gb,

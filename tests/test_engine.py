@@ -231,3 +231,15 @@ def test_prefix_cache_never_skips_a_readout_position(engine):
     assert out_second.shape[0] == 2  # position 10 lies in a cached block: it must still be read
     assert torch.allclose(out_first[0], out_second[0], atol=1e-5)
     assert engine.block_manager.num_cache_hit_tokens == 8  # only the blocks before position 10
+
+
+def test_low_priority_rows_only_fill_spare_room(qwen2_dir):
+    for num_real, expected_speculative in ((2, 1), (3, 0), (5, 0)):
+        engine = make_engine(qwen2_dir, spare_rows=3)
+        real = [engine.add(PROMPT, GREEDY) for _ in range(num_real)]
+        speculative = [engine.add(PROMPT, GREEDY, priority=-1) for _ in range(3)]
+        rows = {row.seq.seq_id for row in engine.scheduler.schedule().rows}
+        assert set(real) <= rows  # real rows are never capped by the spare room
+        assert len(rows & set(speculative)) == expected_speculative
+        for seq_id in real + speculative:
+            engine.abort(seq_id)

@@ -53,7 +53,8 @@ class Engine:
         self.tokenizer = Tokenizer(config.model)
         num_blocks = config.num_kv_blocks or self._blocks_for_memory()
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs,
+                                   config.spare_rows)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, config.attention_backend)
         self.sampler = Sampler(torch.Generator(device=config.device).manual_seed(config.seed))
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)

@@ -1,7 +1,8 @@
 """Continuous batching under a token budget: decode rows and chunked prefill in one iteration.
 
 Sequences are served in priority order (higher first, then older first). Each gets as many of its
-uncomputed tokens as the budget leaves (1 for a decode row, a chunk for a prefill). When the KV pool
+uncomputed tokens as the budget leaves (1 for a decode row, a chunk for a prefill). Low-priority
+(speculative) rows only use spare room: they join while the iteration has fewer than `spare_rows` rows. When the KV pool
 runs out, the lowest-priority, newest sequence that ranks below the one being scheduled is preempted
 by recompute: its blocks are freed and its tokens recomputed later (or it is aborted if it asked to
 be). Nothing is lost and nothing crashes: a sequence that cannot fit simply waits.
@@ -56,10 +57,12 @@ def rank(seq: Sequence) -> tuple[int, int]:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int):
+    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int,
+                 spare_rows: int | None = None):
         self.block_manager = block_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.spare_rows = max_num_seqs if spare_rows is None else spare_rows
         self.sequences: dict[int, Sequence] = {}  # every live (not finished) sequence
         self.num_preemptions = 0
 
@@ -81,6 +84,8 @@ class Scheduler:
         for seq in queue:
             if budget == 0 or len(scheduled) == self.max_num_seqs:
                 break
+            if seq.priority < 0 and len(scheduled) >= self.spare_rows:
+                break  # the queue is sorted: only low-priority work is left, and there is no spare room
             if seq.seq_id not in self.sequences:  # aborted as a preemption victim earlier in this loop
                 continue
             row = self._try_schedule(seq, budget, scheduled, batch)
