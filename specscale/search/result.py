@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specscale.search.policies import rank_key
+
 
 @dataclass(frozen=True)
 class CompletedPath:
@@ -71,3 +73,19 @@ def votes(paths: list[CompletedPath]) -> tuple[str | None, str | None]:
     best_weighted = max(weighted, key=weighted.get, default=None)
     best_count = max(counts, key=counts.get, default=None)
     return best_weighted, best_count
+
+
+def build_result(finished_pool: list, beam_size: int, rounds: int, error: str | None) -> SearchResult:
+    """The best `beam_size` logical completed paths (candidates of the finished pool, best first)."""
+    paths, left = [], beam_size
+    for c in sorted(finished_pool, key=rank_key):
+        if left == 0:
+            break
+        copies = min(c.multiplicity, left)
+        left -= copies
+        steps = tuple(c.steps())
+        text = "".join(steps)
+        paths.append(CompletedPath(text, steps, c.step_scores, c.score, extract_boxed(text), c.path_tokens(), copies))
+    weighted, majority = votes(paths)
+    best = paths[0] if paths else None
+    return SearchResult(best.answer if best else None, best, paths, weighted, majority, rounds=rounds, error=error)

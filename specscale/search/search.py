@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specscale.config import SearchConfig
 from specscale.search import policies
@@ -28,8 +28,8 @@ from specscale.search.protocol import (
     Cancel, Cancelled, Done, Expand, GenerationLost, Pause, Release, Resume, ScoresArrived, SetPriority,
     StepFinished, Verify,
 )
-from specscale.search.result import CompletedPath, SearchResult, extract_boxed, votes
-from specscale.search.tree import Candidate, CandidateState, Expansion, Round
+from specscale.search.result import SearchResult, build_result
+from specscale.search.tree import Candidate, CandidateState, Expansion, Round, Subtree
 
 LOOKAHEAD_PRIORITY = -100
 
@@ -44,20 +44,6 @@ class Decision:
 SCORED, RETAINED, DROPPED, COMPLETED = (
     CandidateState.SCORED, CandidateState.RETAINED, CandidateState.DROPPED, CandidateState.COMPLETED,
 )
-
-
-@dataclass
-class _Dropped:
-    """What one cancellation gathers while walking a subtree."""
-
-    expansions: list = field(default_factory=list)
-    handles: list = field(default_factory=list)
-    candidates: list = field(default_factory=list)
-
-    def actions(self) -> list:
-        if not (self.expansions or self.handles or self.candidates):
-            return []
-        return [Cancel(tuple(self.expansions), tuple(self.handles), tuple(self.candidates))]
 
 
 class Search:
@@ -351,7 +337,7 @@ class Search:
             return self._cancel_expansions([e])
         total, keep = e.multiplicity - e.remaining + e.keep_left, target
         actions = []
-        for c in [c for c in self.rounds[e.round].candidates if c.expansion is e]:
+        for c in e.finished:
             if not c.alive:
                 total -= c.multiplicity
                 continue
@@ -401,30 +387,10 @@ class Search:
 
     # ---- cancellation -------------------------------------------------------------------------------
     def _drop(self, candidates: list[Candidate]) -> list:
-        dropped = _Dropped()
+        subtree = Subtree()
         for c in candidates:
-            self._collect_subtree(c, dropped)
-        return dropped.actions()
-
-    def _collect_subtree(self, c: Candidate, dropped: "_Dropped") -> None:
-        if c.state == DROPPED:
-            return
-        c.state = DROPPED
-        dropped.candidates.append(c.id)
-        if c.handle is not None:
-            dropped.handles.append(c.handle)
-            c.handle = None
-        for e in c.children:
-            self._collect_expansion(e, dropped)
-
-    def _collect_expansion(self, e: Expansion, dropped: "_Dropped") -> None:
-        if not e.cancelled:
-            e.cancelled = True
-            if e.remaining:
-                dropped.expansions.append(e.id)
-        for child in self.rounds[e.round].candidates:
-            if child.expansion is e:
-                self._collect_subtree(child, dropped)
+            subtree.drop_candidate(c)
+        return _cancel(subtree)
 
     def _stop_generating(self, e: Expansion) -> list:
         """Abort e's pieces still generating; its finished pieces stay."""
@@ -434,10 +400,10 @@ class Search:
         return [Cancel((e.id,), ())]
 
     def _cancel_expansions(self, group: list[Expansion]) -> list:
-        dropped = _Dropped()
+        subtree = Subtree()
         for e in group:
-            self._collect_expansion(e, dropped)
-        return dropped.actions()
+            subtree.drop_expansion(e)
+        return _cancel(subtree)
 
     def _release(self, candidates: list[Candidate]) -> list:
         handles = [c.handle for c in candidates if c.handle is not None]
@@ -447,9 +413,9 @@ class Search:
 
     def _new_candidate(self, e: Expansion, ev: StepFinished, kept: int) -> Candidate:
         completed = ev.completed or not ev.text.strip() or e.round == self.last_round
-        c = Candidate(next(self._ids), ev.handle, e, e.key + (e.pieces,), ev.text, ev.num_tokens, kept,
+        c = Candidate(next(self._ids), ev.handle, e, e.key + (len(e.finished),), ev.text, ev.num_tokens, kept,
                       completed, ev.time, next(self._finish_order))
-        e.pieces += 1
+        e.finished.append(c)
         self.candidates[c.id] = c
         self.rounds[e.round].candidates.append(c)
         return c
@@ -459,21 +425,12 @@ class Search:
         self.done = True
         actions = [a for e in self.expansions.values() for a in self._stop_generating(e)]
         actions += self._release([c for c in self.candidates.values() if c.handle is not None])
-        self.result = self._result(error)
+        self.result = build_result(self.finished_pool, self.config.beam_size, self.last_decided + 1, error)
         return actions + [Done()]
 
-    def _result(self, error: str | None) -> SearchResult:
-        ranked = sorted(self.finished_pool, key=policies.rank_key)
-        paths, left = [], self.config.beam_size
-        for c in ranked:
-            if left == 0:
-                break
-            copies = min(c.multiplicity, left)
-            left -= copies
-            steps = tuple(c.steps())
-            text = "".join(steps)
-            paths.append(CompletedPath(text, steps, c.step_scores, c.score, extract_boxed(text), c.path_tokens(), copies))
-        weighted, majority = votes(paths)
-        best = paths[0] if paths else None
-        return SearchResult(best.answer if best else None, best, paths, weighted, majority,
-                            rounds=self.last_decided + 1, error=error)
+
+
+def _cancel(subtree: Subtree) -> list:
+    if subtree.empty:
+        return []
+    return [Cancel(tuple(subtree.expansions), tuple(subtree.handles), tuple(subtree.candidates))]

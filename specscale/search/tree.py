@@ -42,7 +42,7 @@ class Expansion:
     remaining: int = 0  # logical children still generating
     keep_left: int = 0  # of those, how many will be kept (thinning when keep_left < remaining)
     cancelled: bool = False
-    pieces: int = 0  # candidates finished so far (their index in the key)
+    finished: list["Candidate"] = field(default_factory=list)  # its pieces that finished, in order
 
     def __post_init__(self) -> None:
         self.remaining = self.keep_left = self.multiplicity
@@ -113,3 +113,38 @@ class Round:
 
     def live_candidates(self) -> list[Candidate]:
         return [c for c in self.candidates if c.alive]
+
+
+@dataclass
+class Subtree:
+    """What cancelling part of the tree gathers: expansions still generating, handles holding KV,
+    and the ids of the dropped candidates (for their queued verifications)."""
+
+    expansions: list[int] = field(default_factory=list)
+    handles: list[int] = field(default_factory=list)
+    candidates: list[int] = field(default_factory=list)
+
+    def drop_candidate(self, c: Candidate) -> None:
+        """Mark c and everything below it dropped."""
+        if c.state == CandidateState.DROPPED:
+            return
+        c.state = CandidateState.DROPPED
+        self.candidates.append(c.id)
+        if c.handle is not None:
+            self.handles.append(c.handle)
+            c.handle = None
+        for e in c.children:
+            self.drop_expansion(e)
+
+    def drop_expansion(self, e: Expansion) -> None:
+        """Cancel e (its pieces still generating) and drop every candidate it produced."""
+        if not e.cancelled:
+            e.cancelled = True
+            if e.remaining:
+                self.expansions.append(e.id)
+        for c in e.finished:
+            self.drop_candidate(c)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.expansions or self.handles or self.candidates)
