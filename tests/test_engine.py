@@ -243,3 +243,20 @@ def test_low_priority_rows_only_fill_spare_room(qwen2_dir):
         assert len(rows & set(speculative)) == expected_speculative
         for seq_id in real + speculative:
             engine.abort(seq_id)
+
+
+def test_seeded_extend_samples_like_a_seeded_add(engine):
+    """A forked prompt prefix extended with seed s draws the same tokens as a fresh sequence added with
+    seed s, whatever the engine sampled before (the search's paired seeds rely on this)."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True, seed=1234)
+    fresh = engine.add(PROMPT, params)
+    expected = generated(run_until_idle(engine), fresh)
+    engine.abort(fresh)
+    prefix = engine.add(PROMPT[:-1], None, readout_positions=[len(PROMPT) - 2])
+    noise = engine.add(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=5, ignore_eos=True))
+    run_until_idle(engine)  # unseeded draws move the engine's shared generator
+    child = engine.fork(prefix, 1)[0]
+    engine.extend(child, params, token_ids=[PROMPT[-1]])
+    assert generated(run_until_idle(engine), child) == expected
+    for seq_id in (prefix, noise, child):
+        engine.abort(seq_id)

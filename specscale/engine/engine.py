@@ -119,6 +119,8 @@ class Engine:
         seq.token_ids += token_ids
         seq.usage.prompt_tokens += len(token_ids)
         seq.params = params
+        if params is not None and params.seed is not None:  # a seeded segment samples the same whatever ran before
+            seq.generator = self._generator_for(params)
         seq.segment_start = len(seq.token_ids)
         seq.stop_tail = b""
         seq.finish_reason = None

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The full `specscale bench` suite: the exact commands behind the results section of docs/BENCHMARKS.md.
+#
+#   benchmarks/run_all.sh            # full runs into docs/bench/<sub-command>/ (about 1 to 1.5 hours)
+#   benchmarks/run_all.sh --quick    # the same commands in quick mode (a few minutes)
+#
+# Needs the bundled toy models (specscale/assets/toy-generator, toy-prm) and a quiet machine: timings
+# taken while another process is busy are worthless on a 2-core CPU (torch's threads fight it). The
+# script refuses to start when the 1-minute load average is above 0.3 unless FORCE=1.
+# Environment: OUT (default docs/bench), THREADS (torch threads, default 2), FORCE.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-docs/bench}
+THREADS=${THREADS:-2}
+MODE=("$@")
+
+load=$(cut -d' ' -f1 /proc/loadavg)
+if [[ "${FORCE:-0}" != 1 ]] && awk -v l="$load" 'BEGIN { exit !(l > 0.3) }'; then
+    echo "load average $load > 0.3: the machine is busy; wait, or set FORCE=1 to measure anyway" >&2
+    exit 1
+fi
+
+# The lazy-verification threshold every run below uses: the toy PRM's knee on this machine.
+specscale profile-prm --threads "$THREADS"
+
+specscale bench throughput   --out "$OUT/throughput"   --threads "$THREADS" "${MODE[@]}"
+specscale bench latency      --out "$OUT/latency"      --threads "$THREADS" "${MODE[@]}"
+specscale bench characterize --out "$OUT/characterize" --threads "$THREADS" "${MODE[@]}"
+specscale bench sweep-lv     --out "$OUT/sweep-lv"     --threads "$THREADS" "${MODE[@]}"
+specscale bench scaling      --out "$OUT/scaling"      --threads "$THREADS" "${MODE[@]}"
+# Accuracy does not depend on timing; it is the longest run (300 problems x 3 seeds x 10 configurations).
+specscale bench accuracy     --out "$OUT/accuracy"     --threads "$THREADS" "${MODE[@]}"

@@ -1,0 +1,386 @@
+"""Plumbing every `specscale bench` sub-command shares.
+
+- arguments: `add_common_arguments` (workload, models, `--out`, `--quick`) and `apply_mode_defaults`,
+  which fills the options a user left unset from the sub-command's full or quick defaults;
+- the serving stack: `open_pipeline` builds the generator engine and the PRM verifier once;
+  `run_batch` issues a list of requests at once through a fresh `SearchRuntime` (fresh metrics, the
+  PRM's step-prefix cache emptied, so no run inherits another's work) and times it;
+- the workload: `toy_workload` (held-out toy problems, a fixed problem set) and `paired_seed` (the
+  same sampling seed for a problem in every variant, so variants differ only by their policies);
+- repeats: `interleaved` orders the runs of one repeat with every variant in it, rotated from
+  repeat to repeat, so a slow spell on a shared machine hits all variants alike; `median_summary`
+  reduces per-repeat numbers to their medians;
+- outputs: `run_info` (command, git commit, machine, load) and `write_outputs`, which writes
+  `raw.json`, `summary.json` (results keyed by variant, then beam size), `<name>.md` and `<name>.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specscale.pipeline import Pipeline, PipelineConfig
+from specscale.search.presets import preset_config
+from specscale.search.result import SearchResult
+from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.tasks.toy import ToyProblem, is_correct, toy_problems
+
+LADDER = ("beam", "beam+cd", "naive-spec", "fasttts", "ep-strict", "ep", "ep+cd", "specscale")
+PROBLEM_SET_SEED = 0  # every sub-command draws its problems from the same held-out set
+SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE + i
+DEFAULT_CONCURRENCY = 32  # SPEC 5: at most 32 requests in flight
+QUIET_LOAD = 0.3  # 1-minute load average above which timings are flagged as taken on a busy machine
+
+
+# ---- arguments ------------------------------------------------------------------------------------
+def add_common_arguments(parser, variants: bool = True, problems: bool = True) -> None:
+    """Options every sub-command takes (--variants and --problems where it has them). Those left at
+    None are filled by `apply_mode_defaults`."""
+    parser.add_argument("--out", required=True, help="folder for raw.json, summary.json, <name>.md, <name>.png")
+    parser.add_argument("--quick", action="store_true", help="a small workload that finishes in under 2 minutes")
+    parser.add_argument("--generator", default=PipelineConfig.generator, help="generator folder (default: toy)")
+    parser.add_argument("--prm", default=PipelineConfig.prm, help="PRM folder (default: the bundled toy PRM)")
+    parser.add_argument("--dtype", default="auto", help="model dtype for both models (default: the engine's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--kv-gb", type=float, default=PipelineConfig.generator_kv_gb, help="generator KV pool")
+    parser.add_argument("--prm-kv-gb", type=float, default=PipelineConfig.prm_kv_gb, help="PRM KV pool")
+    parser.add_argument("--spare-rows", type=int, default=None,
+                        help="speculative rows only fill an iteration up to this many rows (default: no cap)")
+    parser.add_argument("--lv-threshold", type=int, default=None,
+                        help="lazy-verification threshold in PRM tokens (default: the profiled one, else 2048)")
+    parser.add_argument("--repeats", type=int, default=None, help="repeats; the median is reported")
+    parser.add_argument("--beam-sizes", type=int_list, default=None, help="comma-separated beam sizes N")
+    parser.add_argument("--beam-width", type=int, default=4, help="children per retained path M")
+    parser.add_argument("--max-rounds", type=int, default=None, help="rounds per search (SPEC: 40)")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help=f"requests in flight at most (default {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--seed", type=int, default=0, help="first sampling seed")
+    if problems:
+        parser.add_argument("--problems", type=int, default=None, help="toy test problems per run")
+    if variants:
+        parser.add_argument("--variants", type=str_list, default=None, help="comma-separated presets")
+
+
+def int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def float_list(text: str) -> list[float]:
+    return [float(part) for part in text.split(",") if part.strip()]
+
+
+def str_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def apply_mode_defaults(args, full: dict, quick: dict) -> None:
+    """Options left at None take the sub-command's quick or full default."""
+    defaults = {"max_concurrency": DEFAULT_CONCURRENCY, **(quick if args.quick else full)}
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+# ---- the serving stack ----------------------------------------------------------------------------
+def open_pipeline(args) -> Pipeline:
+    """The generator engine and the PRM verifier, built once per sub-command."""
+    for folder in (args.generator, args.prm):
+        if not (Path(folder) / "config.json").is_file():
+            raise SystemExit(f"no model at {folder}: train the bundled toy models "
+                             "(python -m specscale.train toy) or pass --generator/--prm")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    return Pipeline(PipelineConfig(
+        generator=args.generator, prm=args.prm, generator_dtype=args.dtype, prm_dtype=args.dtype,
+        generator_kv_gb=args.kv_gb, prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency,
+        lv_threshold_tokens=args.lv_threshold, spare_rows=args.spare_rows,
+    ))
+
+
+def fresh_runtime(pipeline: Pipeline, max_concurrency: int, engine=None, verifier=None, **callbacks) -> SearchRuntime:
+    """A runtime with empty metrics over the pipeline's models (or instrumented stand-ins for them)."""
+    pipeline.verifier.clear()  # no run may reuse PRM prefixes another variant computed
+    return SearchRuntime(engine or pipeline.engine, verifier or pipeline.verifier, max_concurrency=max_concurrency,
+                         lv_threshold_tokens=pipeline.lv_threshold_tokens, **callbacks)
+
+
+@dataclass
+class BatchRun:
+    """One batch of requests served to completion: results in request order, wall time, the runtime."""
+
+    results: list[SearchResult]
+    elapsed_s: float
+    runtime: SearchRuntime
+    load_before: float  # 1-minute load average when the run started
+
+
+def run_batch(runtime: SearchRuntime, requests: list[SearchRequest], progress=None) -> BatchRun:
+    """Issue every request at once and step the runtime until all are answered."""
+    load = os.getloadavg()[0]
+    ids = [runtime.submit(request) for request in requests]
+    start = time.perf_counter()
+    while runtime.has_work():
+        finished = runtime.step()
+        if progress is not None and finished:
+            progress.update(len(finished))
+    elapsed = time.perf_counter() - start
+    return BatchRun([runtime.finished[i].result for i in ids], elapsed, runtime, load)
+
+
+def start_run(name: str, args, full: dict, quick: dict, warm_variants: Iterable[str] | None = None):
+    """Resolve the mode's defaults, open the pipeline, record the run and warm every variant up.
+    Returns ``(pipeline, info, started)``; ``finish_info(info, started)`` closes the record."""
+    apply_mode_defaults(args, full, quick)
+    started = time.perf_counter()
+    pipeline = open_pipeline(args)
+    info = run_info(name, args, pipeline)
+    warm_up(pipeline, args.variants if warm_variants is None else warm_variants, args.beam_width)
+    return pipeline, info, started
+
+
+def warm_up(pipeline: Pipeline, variants: Iterable[str], beam_width: int) -> None:
+    """One short search per variant before anything is timed (kernel build, allocator, caches)."""
+    problem = toy_workload(1)[0]
+    requests = [pipeline.request(problem.question, preset_config(
+        variant, beam_size=beam_width, beam_width=beam_width, max_rounds=2, seed=0), f"warm-up {variant}")
+        for variant in dict.fromkeys(variants)]
+    run_batch(fresh_runtime(pipeline, len(requests)), requests)
+
+
+# ---- the workload ---------------------------------------------------------------------------------
+def toy_workload(count: int) -> list[ToyProblem]:
+    """The first `count` problems of the fixed held-out set (the same for every sub-command)."""
+    return toy_problems("test", count, seed=PROBLEM_SET_SEED)
+
+
+def paired_seed(seed: int, problem_index: int) -> int:
+    """The sampling seed of one problem under sampling seed `seed`: the same in every variant."""
+    return seed * SEED_STRIDE + problem_index
+
+
+def search_requests(pipeline: Pipeline, problems: list[ToyProblem], variant: str, seed: int,
+                    tag: str = "", **config) -> list[SearchRequest]:
+    """One request per problem with the variant's preset and paired seeds; config overrides the preset."""
+    return [pipeline.request(p.question, preset_config(variant, seed=paired_seed(seed, i), **config),
+                             f"{tag}{variant} {i}")
+            for i, p in enumerate(problems)]
+
+
+def is_right(problem: ToyProblem, result: SearchResult) -> bool:
+    """The search's chosen path boxes the true answer."""
+    return result.best is not None and is_correct(problem, result.best.text)
+
+
+def vote_is_right(problem: ToyProblem, answer: str | None) -> bool:
+    """A voted answer (already extracted from its box) equals the true answer."""
+    return answer is not None and answer.strip("$ ") == problem.answer
+
+
+def serving_numbers(run: BatchRun, problems: list[ToyProblem]) -> dict[str, float]:
+    """Throughput numbers of one batch (SPEC 5): output tokens are the tokens of the returned paths."""
+    elapsed = run.elapsed_s
+    metrics = run.runtime.metrics.summary()
+    usage = [r.usage for r in run.results]
+    correct = sum(is_right(p, r) for p, r in zip(problems, run.results))
+    generation, verification = metrics["generation_s"], metrics["verification_s"]
+    return {
+        "elapsed_s": elapsed,
+        "output_tokens_per_s": sum(u.output_tokens for u in usage) / elapsed,
+        "requests_per_s": len(run.results) / elapsed,
+        "correct_per_s": correct / elapsed,
+        "generated_tokens_per_s": sum(u.generated_tokens for u in usage) / elapsed,
+        "accuracy": correct / len(run.results),
+        "output_tokens": sum(u.output_tokens for u in usage),
+        "generated_tokens": sum(u.generated_tokens for u in usage),
+        "wasted_tokens": sum(u.wasted_tokens for u in usage),
+        "generation_s": generation,
+        "verification_s": verification,
+        "other_s": max(elapsed - generation - verification, 0.0),
+        "verifier_calls": metrics["verifier_calls"],
+        "verifier_batch_items_median": metrics["verifier_batch_items_median"],
+        "verifier_batch_tokens_median": metrics["verifier_batch_tokens_median"],
+        "physical_to_logical": metrics["physical_to_logical"],
+        "peak_kv_blocks": metrics["peak_kv_blocks"],
+        "load_before": run.load_before,
+    }
+
+
+# ---- repeats --------------------------------------------------------------------------------------
+def interleaved(cells: list, repeats: int) -> Iterator[tuple[int, object]]:
+    """(repeat, cell) in run order: every cell once per repeat, the order rotated by one cell per
+    repeat, so no variant always runs first or right after the same neighbour."""
+    for repeat in range(repeats):
+        shift = repeat % len(cells)
+        for cell in cells[shift:] + cells[:shift]:
+            yield repeat, cell
+
+
+def median_summary(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per metric, the median over repeats (metrics every run has)."""
+    keys = [k for k in runs[0] if all(isinstance(r.get(k), (int, float)) for r in runs)]
+    return {k: statistics.median(r[k] for r in runs) for k in keys}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), linearly interpolated; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def progress_bar(total: int, description: str) -> tqdm:
+    return tqdm(total=total, desc=description, unit="req", dynamic_ncols=True, file=sys.stderr)
+
+
+# ---- outputs --------------------------------------------------------------------------------------
+def run_info(name: str, args, pipeline: Pipeline | None = None) -> dict:
+    """What reproduces and qualifies a result: command, code version, machine, load, settings."""
+    info = {
+        "benchmark": name,
+        "command": command_line(name, args),
+        "argv": sys.argv,
+        "git_commit": git_commit(),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "load_average_start": os.getloadavg(),
+        "quick": args.quick,
+    }
+    if pipeline is not None:
+        info["models"] = {"generator": str(Path(args.generator).resolve()), "prm": str(Path(args.prm).resolve()),
+                          "generator_dtype": str(pipeline.engine.runner_dtype).removeprefix("torch."),
+                          "prm_dtype": str(pipeline.verifier.engine.runner_dtype).removeprefix("torch.")}
+        info["lv_threshold_tokens"] = pipeline.lv_threshold_tokens
+        info["kv_blocks"] = pipeline.engine.block_manager.num_blocks
+        info["spare_rows"] = pipeline.config.spare_rows
+    return info
+
+
+def command_line(name: str, args) -> str:
+    """`specscale bench <name>` with every option spelled out, as parsed."""
+    parts = ["specscale", "bench", name]
+    for key, value in sorted(vars(args).items()):
+        if key in ("func", "command", "bench_command") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, (list, tuple)):
+            parts += [flag, ",".join(map(str, value))]
+        else:
+            parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout this package runs from, '+dirty' when tracked files changed; None if none."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def machine_info() -> dict:
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": "cpu",
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def finish_info(info: dict, started: float) -> dict:
+    """Add the run's duration and the load at its end (our own process counts in it)."""
+    load = info["load_average_start"][0]
+    return dict(info, duration_s=time.perf_counter() - started, load_average_end=os.getloadavg(),
+                busy_machine=load > QUIET_LOAD)
+
+
+def write_outputs(out: str | Path, name: str, info: dict, raw, results: dict, markdown: str, figure,
+                  extra: dict | None = None) -> Path:
+    """raw.json (every run), summary.json (results[variant][beam size] + extras), <name>.md, <name>.png."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "raw.json").write_text(json.dumps({"run": info, "runs": raw}, indent=2, default=str) + "\n")
+    summary = {"run": info, "results": results, **(extra or {})}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (folder / f"{name}.md").write_text(header_markdown(name, info) + markdown + f"\n![{name}]({name}.png)\n")
+    figure.savefig(folder / f"{name}.png", dpi=110)
+    return folder
+
+
+def header_markdown(name: str, info: dict) -> str:
+    machine = info["machine"]
+    load = info["load_average_start"][0]
+    busy = " — **busy machine: timings are not trustworthy**" if info.get("busy_machine") else ""
+    return (f"# specscale bench {name}\n\n```bash\n{info['command']}\n```\n\n"
+            f"commit `{info['git_commit']}`, {machine['cpu']} ({machine['cpu_count']} CPUs, "
+            f"{machine['torch_threads']} torch threads), load {load:.2f} at start{busy}, "
+            f"{info.get('duration_s', 0.0):.0f} s{' (quick mode)' if info['quick'] else ''}.\n\n")
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    """A Markdown table; numbers right-aligned and formatted by `cell`."""
+    align = ["---" if i == 0 else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def cell(value) -> str:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return "—" if value is None else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    magnitude = abs(value)
+    if magnitude >= 100:
+        return f"{value:,.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}" if magnitude >= 0.1 or value == 0 else f"{value:.3g}"
+
+
+def new_figure(rows: int, cols: int, width: float = 6.0, height: float = 4.0):
+    """A matplotlib figure on the Agg backend (no display), with its axes as a flat list."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width * cols, height * rows), layout="constrained")
+    axes = figure.subplots(rows, cols, squeeze=False)
+    return figure, [ax for row in axes for ax in row]

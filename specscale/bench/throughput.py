@@ -1,0 +1,141 @@
+"""`specscale bench throughput`: the ablation ladder under load (SPEC 5, issue 6 item 1).
+
+Per repeat, every (variant, beam size) cell serves the same toy problems with the same paired seeds,
+all requests issued at once with at most `--max-concurrency` in flight; the cells run one after the
+other in an order rotated from repeat to repeat. Reported per cell (medians over repeats): output
+tokens/s (tokens of the returned paths), requests/s, correct answers/s, generated tokens/s, and the
+time split. Speed-ups of `specscale` over `beam`, `naive-spec` and `fasttts` are the medians of the
+per-repeat ratios (both runs of a ratio come from the same repeat), checked against the issue's targets.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from specscale.bench.common import (
+    LADDER, add_common_arguments, finish_info, fresh_runtime, interleaved, markdown_table, median_summary,
+    new_figure, progress_bar, run_batch, search_requests, serving_numbers, start_run, toy_workload,
+    write_outputs,
+)
+
+NAME = "throughput"
+FULL = {"problems": 64, "repeats": 3, "beam_sizes": [4, 8], "max_rounds": 40, "variants": list(LADDER)}
+QUICK = {"problems": 4, "repeats": 3, "beam_sizes": [4, 8], "max_rounds": 8, "variants": list(LADDER)}
+# (numerator, denominator, beam size, minimum ratio): the issue's targets
+TARGETS = (
+    ("specscale", "beam", 8, 1.5),
+    ("specscale", "beam", 4, 1.3),
+    ("specscale", "naive-spec", 8, 2.0),
+    ("specscale", "naive-spec", 4, 2.0),
+    ("specscale", "fasttts", 8, 1.8),
+    ("specscale", "fasttts", 4, 1.8),
+)
+TABLE_METRICS = (
+    ("output tok/s", "output_tokens_per_s"), ("req/s", "requests_per_s"), ("correct/s", "correct_per_s"),
+    ("generated tok/s", "generated_tokens_per_s"), ("accuracy", "accuracy"), ("gen s", "generation_s"),
+    ("PRM s", "verification_s"), ("other s", "other_s"), ("PRM calls", "verifier_calls"),
+    ("phys/log", "physical_to_logical"),
+)
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(NAME, help="output-token throughput of the ablation ladder, all requests at once")
+    add_common_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    pipeline, info, started = start_run(NAME, args, FULL, QUICK)
+    problems = toy_workload(args.problems)
+    cells = [(variant, n) for n in args.beam_sizes for variant in args.variants]
+    runs = measure(pipeline, args, problems, cells)
+    pipeline.close()
+    results = summarize(runs, cells)
+    ratios = speedups(runs, args.repeats)
+    info = finish_info(info, started)
+    write_outputs(args.out, NAME, info, runs, results, report(results, ratios, args.beam_sizes),
+                  plot(results, args.variants, args.beam_sizes), {"speedups": ratios})
+    print(report(results, ratios, args.beam_sizes))
+    return 0
+
+
+def measure(pipeline, args, problems, cells) -> list[dict]:
+    """Every cell once per repeat, interleaved; one record per run."""
+    runs = []
+    with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
+        for repeat, (variant, n) in interleaved(cells, args.repeats):
+            bar.set_postfix_str(f"repeat {repeat} {variant} N={n}")
+            requests = search_requests(pipeline, problems, variant, args.seed, beam_size=n,
+                                       beam_width=args.beam_width, max_rounds=args.max_rounds)
+            batch = run_batch(fresh_runtime(pipeline, args.max_concurrency), requests, bar)
+            runs.append({"variant": variant, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems)})
+    return runs
+
+
+def summarize(runs: list[dict], cells) -> dict:
+    """results[variant][beam size] = medians over repeats, plus the per-repeat output tokens/s."""
+    results: dict = {}
+    for variant, n in cells:
+        mine = [r for r in runs if r["variant"] == variant and r["beam_size"] == n]
+        cell = median_summary(mine)
+        cell.pop("repeat", None)
+        cell["output_tokens_per_s_repeats"] = [r["output_tokens_per_s"] for r in mine]
+        results.setdefault(variant, {})[str(n)] = cell
+    return results
+
+
+def speedups(runs: list[dict], repeats: int) -> list[dict]:
+    """Each target's ratio: the median over repeats of numerator / denominator within one repeat."""
+    rate = {(r["variant"], r["beam_size"], r["repeat"]): r["output_tokens_per_s"] for r in runs}
+    out = []
+    for top, bottom, n, target in TARGETS:
+        per_repeat = [rate[(top, n, i)] / rate[(bottom, n, i)] for i in range(repeats)
+                      if (top, n, i) in rate and (bottom, n, i) in rate]
+        if per_repeat:
+            ratio = statistics.median(per_repeat)
+            out.append({"ratio": f"{top} / {bottom}", "beam_size": n, "median": ratio, "repeats": per_repeat,
+                        "target": target, "met": ratio >= target})
+    return out
+
+
+def report(results: dict, ratios: list[dict], beam_sizes: list[int]) -> str:
+    text = ""
+    for n in beam_sizes:
+        rows = [[variant] + [results[variant][str(n)][key] for _, key in TABLE_METRICS]
+                for variant in results if str(n) in results[variant]]
+        header = ["variant"] + [title for title, _ in TABLE_METRICS]
+        text += f"\n## N = {n} (medians over repeats)\n\n" + markdown_table(header, rows)
+    if ratios:
+        rows = [[r["ratio"], r["beam_size"], r["median"], min(r["repeats"]), max(r["repeats"]), f"≥ {r['target']}",
+                 "met" if r["met"] else "**missed**"] for r in ratios]
+        text += "\n## Targets (output tokens/s, median of per-repeat ratios)\n\n"
+        text += markdown_table(["ratio", "N", "median", "min", "max", "target", ""], rows)
+    return text
+
+
+def plot(results: dict, variants: list[str], beam_sizes: list[int]):
+    figure, (speed, split) = new_figure(1, 2, width=7.0)
+    width = 0.8 / len(beam_sizes)
+    for j, n in enumerate(beam_sizes):
+        xs = [i + j * width for i in range(len(variants))]
+        cells = [results[v][str(n)] for v in variants]
+        low = [c["output_tokens_per_s"] - min(c["output_tokens_per_s_repeats"]) for c in cells]
+        high = [max(c["output_tokens_per_s_repeats"]) - c["output_tokens_per_s"] for c in cells]
+        speed.bar(xs, [c["output_tokens_per_s"] for c in cells], width, yerr=[low, high], label=f"N = {n}")
+    speed.set_xticks([i + width * (len(beam_sizes) - 1) / 2 for i in range(len(variants))], variants, rotation=45,
+                     ha="right")
+    speed.set_ylabel("output tokens / s (median, min–max)")
+    speed.legend()
+    n = max(beam_sizes)
+    bottom = [0.0] * len(variants)
+    parts = ("generation_s", "verification_s", "other_s")
+    totals = [sum(results[v][str(n)][part] for part in parts) for v in variants]
+    for part in parts:
+        share = [results[v][str(n)][part] / total for v, total in zip(variants, totals)]
+        split.bar(variants, share, bottom=bottom, label=part.removesuffix("_s"))
+        bottom = [b + s for b, s in zip(bottom, share)]
+    split.set_ylabel(f"share of wall time, N = {n}")
+    split.tick_params(axis="x", rotation=45)
+    split.legend()
+    return figure
