@@ -17,6 +17,10 @@ from specscale.verify.prm import Verifier, VerifierConfig
 from specscale.verify.profile import load_lv_threshold
 
 DEFAULT_LV_THRESHOLD = 2048  # SPEC 3.3's default when this PRM and device were never profiled
+# On a CPU a decode iteration costs about fixed + 0.055 ms per row past a few dozen rows (docs/BENCHMARKS.md,
+# characterize): speculative rows pay only while they ride in that near-fixed-cost room. On an accelerator
+# decode is memory-bound far beyond that, so speculation may fill the batch (no cap).
+CPU_SPARE_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class PipelineConfig:
     generator_kv_gb: float = 2.0
     prm_kv_gb: float = 1.0
     max_num_seqs: int = 512
-    spare_rows: int | None = None  # speculative rows fill an iteration up to this many rows
+    spare_rows: int | None = None  # speculative rows fill an iteration up to this many; None: per device
     max_concurrency: int = 32
     lv_threshold_tokens: int | None = None
     system_prompt: str = TOY_GENERATOR_SYSTEM_PROMPT
@@ -45,7 +49,7 @@ class Pipeline:
         self.engine = Engine(EngineConfig(
             model=config.generator, dtype=config.generator_dtype, device=config.device,
             kv_cache_memory_gb=config.generator_kv_gb, max_num_seqs=config.max_num_seqs, seed=config.seed,
-            spare_rows=config.spare_rows,
+            spare_rows=self._spare_rows(),
         ))
         self.verifier = Verifier(VerifierConfig(EngineConfig(
             model=config.prm, dtype=config.prm_dtype, device=config.device, kv_cache_memory_gb=config.prm_kv_gb,
@@ -55,6 +59,11 @@ class Pipeline:
         extra = {} if clock is None else {"clock": clock}
         self.runtime = SearchRuntime(self.engine, self.verifier, max_concurrency=config.max_concurrency,
                                      lv_threshold_tokens=self.lv_threshold_tokens, **extra)
+
+    def _spare_rows(self) -> int | None:
+        if self.config.spare_rows is not None:
+            return self.config.spare_rows
+        return CPU_SPARE_ROWS if self.config.device == "cpu" else None
 
     def _lv_threshold(self) -> int:
         if self.config.lv_threshold_tokens is not None:

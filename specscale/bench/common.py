@@ -58,7 +58,7 @@ def add_common_arguments(parser, variants: bool = True, problems: bool = True) -
     parser.add_argument("--kv-gb", type=float, default=PipelineConfig.generator_kv_gb, help="generator KV pool")
     parser.add_argument("--prm-kv-gb", type=float, default=PipelineConfig.prm_kv_gb, help="PRM KV pool")
     parser.add_argument("--spare-rows", type=int, default=None,
-                        help="speculative rows only fill an iteration up to this many rows (default: no cap)")
+                        help="speculative rows only fill an iteration up to this many rows (default: 32 on CPU, no cap on CUDA)")
     parser.add_argument("--lv-threshold", type=int, default=None,
                         help="lazy-verification threshold in PRM tokens (default: the profiled one, else 2048)")
     parser.add_argument("--repeats", type=int, default=None, help="repeats; the median is reported")
@@ -268,7 +268,7 @@ def run_info(name: str, args, pipeline: Pipeline | None = None) -> dict:
                           "prm_dtype": str(pipeline.verifier.engine.runner_dtype).removeprefix("torch.")}
         info["lv_threshold_tokens"] = pipeline.lv_threshold_tokens
         info["kv_blocks"] = pipeline.engine.block_manager.num_blocks
-        info["spare_rows"] = pipeline.config.spare_rows
+        info["spare_rows"] = pipeline.engine.scheduler.spare_rows
     return info
 
 

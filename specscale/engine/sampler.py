@@ -5,7 +5,8 @@ copied n times): that is what makes computation deduplication distribution-exact
 
 Draws use the exponential race: with E_i ~ Exp(1) independent, argmax_i p_i / E_i is distributed as
 Categorical(p), because E_i / p_i ~ Exp(rate p_i) and the smallest of independent exponentials is
-index i with probability p_i / sum_j p_j. Filtered-out tokens have p_i = 0 and never win.
+index i with probability p_i / sum_j p_j. Filtered-out tokens have p_i = 0 and never win. E is drawn as
+-log(U), U ~ Uniform[0, 1): the same law as Tensor.exponential_, several times faster on CPU.
 """
 
 from __future__ import annotations
@@ -40,12 +41,6 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return torch.empty_like(logits).scatter_(-1, order, filtered)
 
 
-def exponential_noise(shape: tuple, generator: torch.Generator, device) -> torch.Tensor:
-    """E ~ Exp(1) as -log(U), U ~ Uniform[0, 1): the same law as Tensor.exponential_, several times
-    faster on CPU. U = 0 gives E = inf, i.e. that draw ignores the token (probability 2^-24)."""
-    return torch.rand(shape, generator=generator, device=device).log_().neg_()
-
-
 class Sampler:
     def __init__(self, generator: torch.Generator):
         self.generator = generator
@@ -76,17 +71,26 @@ class Sampler:
         return logits.softmax(dim=-1)
 
     def _draw(self, probs: torch.Tensor, indices: list[int], rows: list[SampleRow], out) -> None:
-        by_draws: dict[int, list[int]] = {}  # rows sharing the engine generator, grouped by n
+        by_draws: dict[int, list[int]] = {}  # rows grouped by their number of draws n
         for k, i in enumerate(indices):
-            row = rows[i]
-            if row.generator is not None:
-                noise = exponential_noise((row.num_draws, probs.shape[-1]), row.generator, probs.device)  # [n, V]
-                out[i] = (probs[k][None, :] / noise).argmax(dim=-1).tolist()
-            else:
-                by_draws.setdefault(row.num_draws, []).append(k)
+            by_draws.setdefault(rows[i].num_draws, []).append(k)
         for n, group in by_draws.items():
-            p = probs[group]  # [G, V]
-            noise = exponential_noise((len(group), n, p.shape[-1]), self.generator, p.device)  # [G, n, V]
-            tokens = (p[:, None, :] / noise).argmax(dim=-1).tolist()  # [G, n]
+            uniform = self._uniforms([rows[indices[k]] for k in group], n, probs.shape[-1], probs.device)  # [G, n, V]
+            noise = uniform.log_().neg_()  # E = -log(U) ~ Exp(1); U = 0 gives inf: that draw ignores the token
+            tokens = (probs[group][:, None, :] / noise).argmax(dim=-1).tolist()  # [G, n]
             for k, drawn in zip(group, tokens):
                 out[indices[k]] = drawn
+
+    def _uniforms(self, rows: list[SampleRow], n: int, vocab: int, device) -> torch.Tensor:
+        """U ~ Uniform[0, 1) of shape [G, n, V]: a seeded row's from its own generator (so its draws do not
+        depend on the batch it is in), the other rows' from the engine's generator in one call."""
+        uniform = torch.empty((len(rows), n, vocab), device=device)
+        shared = [j for j, row in enumerate(rows) if row.generator is None]
+        for j, row in enumerate(rows):
+            if row.generator is not None:
+                torch.rand((n, vocab), generator=row.generator, device=device, out=uniform[j])
+        if len(shared) == len(rows):
+            return torch.rand((len(rows), n, vocab), generator=self.generator, device=device, out=uniform)
+        if shared:
+            uniform[shared] = torch.rand((len(shared), n, vocab), generator=self.generator, device=device)
+        return uniform
