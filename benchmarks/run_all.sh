@@ -6,7 +6,7 @@
 #
 # Needs the bundled toy models (specscale/assets/toy-generator, toy-prm) and a quiet machine: timings
 # taken while another process is busy are worthless on a 2-core CPU (torch's threads fight it). The
-# script refuses to start when the 1-minute load average is above 0.3 unless FORCE=1.
+# script refuses to start when other processes keep more than 15% of the CPUs busy, unless FORCE=1.
 # Environment: OUT (default docs/bench), THREADS (torch threads, default 2), FORCE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,9 +15,9 @@ OUT=${OUT:-docs/bench}
 THREADS=${THREADS:-2}
 MODE=("$@")
 
-load=$(cut -d' ' -f1 /proc/loadavg)
-if [[ "${FORCE:-0}" != 1 ]] && awk -v l="$load" 'BEGIN { exit !(l > 0.3) }'; then
-    echo "load average $load > 0.3: the machine is busy; wait, or set FORCE=1 to measure anyway" >&2
+busy=$(python -c "from specscale.bench.common import other_cpu_busy; print(f'{other_cpu_busy():.2f}')")
+if [[ "${FORCE:-0}" != 1 ]] && awk -v b="$busy" 'BEGIN { exit !(b > 0.15) }'; then
+    echo "other processes keep $busy of the CPUs busy: wait, or set FORCE=1 to measure anyway" >&2
     exit 1
 fi
 

@@ -42,7 +42,7 @@ LADDER = ("beam", "beam+cd", "naive-spec", "fasttts", "ep-strict", "ep", "ep+cd"
 PROBLEM_SET_SEED = 0  # every sub-command draws its problems from the same held-out set
 SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE + i
 DEFAULT_CONCURRENCY = 32  # SPEC 5: at most 32 requests in flight
-QUIET_LOAD = 0.3  # 1-minute load average above which timings are flagged as taken on a busy machine
+QUIET_CPU = 0.15  # share of all CPUs busy with other processes above which timings are flagged untrustworthy
 
 
 # ---- arguments ------------------------------------------------------------------------------------
@@ -260,6 +260,7 @@ def run_info(name: str, args, pipeline: Pipeline | None = None) -> dict:
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "load_average_start": os.getloadavg(),
+        "other_cpu_busy_start": other_cpu_busy(),
         "quick": args.quick,
     }
     if pipeline is not None:
@@ -325,9 +326,24 @@ def cpu_model() -> str:
 
 def finish_info(info: dict, started: float) -> dict:
     """Add the run's duration and the load at its end (our own process counts in it)."""
-    load = info["load_average_start"][0]
     return dict(info, duration_s=time.perf_counter() - started, load_average_end=os.getloadavg(),
-                busy_machine=load > QUIET_LOAD)
+                busy_machine=info["other_cpu_busy_start"] > QUIET_CPU)
+
+
+def other_cpu_busy(seconds: float = 1.0) -> float:
+    """Share of all CPUs busy over ``seconds`` while this process sleeps, i.e. busy with other work
+    (unlike the load average, this does not count the sub-command that ran just before). 0 when
+    ``/proc/stat`` is missing."""
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+    if not Path("/proc/stat").is_file():
+        return 0.0
+    busy0, total0 = sample()
+    time.sleep(seconds)
+    busy1, total1 = sample()
+    return (busy1 - busy0) / max(1, total1 - total0)
 
 
 def write_outputs(out: str | Path, name: str, info: dict, raw, results: dict, markdown: str, figure,
@@ -345,11 +361,11 @@ def write_outputs(out: str | Path, name: str, info: dict, raw, results: dict, ma
 
 def header_markdown(name: str, info: dict) -> str:
     machine = info["machine"]
-    load = info["load_average_start"][0]
+    load = info["other_cpu_busy_start"]
     busy = " — **busy machine: timings are not trustworthy**" if info.get("busy_machine") else ""
     return (f"# specscale bench {name}\n\n```bash\n{info['command']}\n```\n\n"
             f"commit `{info['git_commit']}`, {machine['cpu']} ({machine['cpu_count']} CPUs, "
-            f"{machine['torch_threads']} torch threads), load {load:.2f} at start{busy}, "
+            f"{machine['torch_threads']} torch threads), {load:.0%} of the CPUs busy with other work at start{busy}, "
             f"{info.get('duration_s', 0.0):.0f} s{' (quick mode)' if info['quick'] else ''}.\n\n")
 
 

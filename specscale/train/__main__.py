@@ -1,10 +1,11 @@
 """Command line of the trainers.
 
-    python -m specscale.train toy [--out DIR] [--seed S] [--smoke]
+    python -m specscale.train toy [--out DIR] [--seed S] [--smoke] [--generator-from DIR]
 
 ``toy`` regenerates the bundled toy generator and PRM (``specscale/assets/toy-generator`` and
-``specscale/assets/toy-prm``) from the seed; ``--smoke`` runs the same pipeline with a few optimiser
-steps and a handful of sampled problems, to check it end to end in seconds (its models are useless).
+``specscale/assets/toy-prm``) from the seed; ``--generator-from DIR`` keeps an existing generator (and
+its tokenizer) and trains the PRM only. ``--smoke`` runs the same pipeline with a few optimiser steps
+and a handful of sampled problems, to check it end to end in seconds (its models are useless).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def main(argv: list[str] | None = None) -> None:
     toy.add_argument("--out", type=Path, default=ASSETS_DIR, help="folder for toy-generator/ and toy-prm/")
     toy.add_argument("--seed", type=int, default=0)
     toy.add_argument("--smoke", action="store_true", help="a few steps only, to test the pipeline")
+    toy.add_argument("--generator-from", type=Path, default=None,
+                     help="reuse this toy-generator folder (and its tokenizer); train the PRM only")
     args = parser.parse_args(argv)
-    train_toy(args.out, args.seed, smoke_recipe() if args.smoke else ToyRecipe())
+    train_toy(args.out, args.seed, smoke_recipe() if args.smoke else ToyRecipe(), generator_from=args.generator_from)
 
 
 if __name__ == "__main__":

@@ -40,3 +40,37 @@ def drill_examples(tokenizer, rng: random.Random, equations: int = 16) -> Iterat
             ids += head + tail
             labels += [IGNORE] * len(head) + tail
         yield ids, labels
+
+
+def verification_drill(tokenizer, rng: random.Random, tag_id: int, equations: int = 16) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` for the PRM: a run of equations whose shown result is right half the time
+    (else a dropped carry or another plausible wrong number), each followed by the step tag. Labels: on
+    every result digit, 1 while the digits so far agree with the true result; on the dot and the tag, 1
+    iff the whole result is right."""
+    ids: list[int] = []
+    labels: list[int] = []
+    for _ in range(equations):
+        a, symbol, b, c = random_equation(rng)
+        shown = c if rng.random() < 0.5 else _wrong_result(c, rng)
+        head = tokenizer.encode(f" {a} {symbol} {b} =", add_special_tokens=False)
+        ids += head
+        labels += [IGNORE] * len(head)
+        digits, truth = str(shown), str(c)
+        space = tokenizer.encode(" ", add_special_tokens=False)
+        ids += space
+        labels += [IGNORE] * len(space)
+        for i, digit in enumerate(digits):  # digits are single tokens
+            ids += tokenizer.encode(digit, add_special_tokens=False)
+            labels.append(int(digits[: i + 1] == truth[: i + 1]))
+        right = int(shown == c)
+        ids += tokenizer.encode(".", add_special_tokens=False) + [tag_id]
+        labels += [right, right]
+    return ids, labels
+
+
+def _wrong_result(value: int, rng: random.Random) -> int:
+    """A dropped carry or borrow (off by ten) a third of the time, else another plausible wrong number."""
+    if value >= 10 and rng.random() < 1 / 3:
+        return value - 10
+    options = [value + 1, value - 1, value + 10, value + 2, int(str(value)[::-1]), rng.randint(0, MAX_VALUE)]
+    return rng.choice([v for v in options if v >= 0 and v != value])

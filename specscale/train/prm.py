@@ -5,14 +5,17 @@ Training data, every label computed by the task's checker (``label_steps``):
 - the generator's own sampled solutions to train problems (T = 0.8), the distribution the PRM serves;
 - solutions by a student who slips more often than the generator (``SlipRates`` of the recipe);
 - corrupted copies of good solutions (one wrong result, operand, running total, operation or box),
-  which teach the PRM to tell "11 - 6 = 5" from "11 - 6 = 7" within the same problem.
+  which teach the PRM to tell "11 - 6 = 5" from "11 - 6 = 7" within the same problem;
+- verification drills (``specscale.train.drills.verification_drill``): runs of bare equations whose
+  result is right half the time, the arithmetic check in its purest form.
 
-Each example is the PRM chat of the model card. Besides the step labels at every ``<extra_0>``, every
-token of the steps is labelled: good while the text so far has no error, bad from the first wrong
+Each solution example is the PRM chat of the model card. Besides the step labels at every ``<extra_0>``,
+every token of the steps is labelled: good while the text so far has no error, bad from the first wrong
 character on (located by the checker's ``first_error``). These dense labels put the learning signal on
-the very digit where a step goes wrong, which is what makes a 3M-parameter PRM learn to verify
-arithmetic within minutes; the served scores are read at the ``<extra_0>`` tags only. The body starts from the generator's weights, and the ``<extra_0>`` embedding from the
-``"\\n\\n"`` embedding it replaces.
+the very digit where a step goes wrong; the served scores are read at the ``<extra_0>`` tags only.
+
+The body starts from the generator's weights plus two identity-initialised layers on top (see
+``prm_from_generator``), and the ``<extra_0>`` embedding from the ``"\\n\\n"`` embedding it replaces.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from specscale.tasks.hf_sampling import SamplingSettings, sample_continuations
 from specscale.tasks.toy import PRM_STEP_TAG, STEP_SEPARATOR, ToyProblem, first_error, label_steps, split_steps
 from specscale.tasks.toy_corrupt import corrupt_steps
 from specscale.tasks.toy_solutions import NO_SLIPS, SlipRates, render_solution
+from specscale.train.drills import verification_drill
 from specscale.train.generator import IGNORE, prompt_ids, train_problems
 from specscale.train.loop import TrainPlan, bucketed, pad, train
 from specscale.verify.hf_prm import Qwen2ForProcessRewardModel, prm_messages
@@ -42,8 +46,9 @@ class PrmRecipe:
     batch_size: int = 32
     sampled_problems: int = 1500
     samples_per_problem: int = 4
-    mix: tuple[float, float, float] = (0.4, 0.3, 0.3)  # sampled, slipped, corrupted
+    mix: tuple[float, float, float, float] = (0.3, 0.2, 0.25, 0.25)  # sampled, slipped, corrupted, drill
     slips: SlipRates = field(default_factory=lambda: SlipRates(hard=0.5, easy=0.1, misread=0.1))
+    extra_layers: int = 2  # verifier layers on top of the generator's body (see prm_from_generator)
 
 
 @dataclass(frozen=True)
@@ -90,11 +95,16 @@ def sample_generator_solutions(
 def prm_examples(
     tokenizer, sampled: list[tuple[ToyProblem, list[str]]], recipe: PrmRecipe, rng: random.Random
 ) -> Iterator[PrmExample]:
-    """An endless mix of sampled, slipped and corrupted solutions, in the recipe's proportions."""
+    """An endless mix of sampled, slipped and corrupted solutions and verification drills, in the
+    recipe's proportions."""
     problems = train_problems(rng)
-    sources = ("sampled", "slipped", "corrupted")
+    sources = ("sampled", "slipped", "corrupted", "drill")
+    tag_id = tokenizer.convert_tokens_to_ids(PRM_STEP_TAG)
     while True:
         source = rng.choices(sources, recipe.mix)[0]
+        if source == "drill":
+            yield PrmExample(*verification_drill(tokenizer, rng, tag_id))
+            continue
         if source == "sampled":
             problem, steps = rng.choice(sampled)
         elif source == "slipped":
@@ -123,13 +133,25 @@ def make_prm_loss(tag_id: int):
     return loss_fn
 
 
-def prm_from_generator(generator, tokenizer) -> Qwen2ForProcessRewardModel:
-    """A PRM whose body is a copy of the generator's; ``<extra_0>`` starts as ``"\\n\\n"``."""
+def prm_from_generator(generator, tokenizer, extra_layers: int = 0) -> Qwen2ForProcessRewardModel:
+    """A PRM whose body is a copy of the generator's plus ``extra_layers`` fresh layers on top that start
+    as the identity (their output projections are zero); ``<extra_0>`` starts as ``"\\n\\n"``.
+
+    Why the extra layers: the generator forms its prediction of a result ("13 + 8 =" -> "21") only in its
+    last layer, so in a copy of its body no later layer can compare that prediction with the digits that
+    follow. Layers on top can: a query from the written digit meets a key holding the prediction."""
     config = generator.config.__class__.from_dict(generator.config.to_dict())
     config.architectures = ["Qwen2ForProcessRewardModel"]
     config.tie_word_embeddings = False
+    layers = config.num_hidden_layers + extra_layers
+    config.num_hidden_layers = config.max_window_layers = layers
+    config.layer_types = ["full_attention"] * layers
     prm = Qwen2ForProcessRewardModel(config)
-    prm.model.load_state_dict(generator.model.state_dict())
+    missing = prm.model.load_state_dict(generator.model.state_dict(), strict=False).missing_keys
+    assert all(key.startswith("layers.") for key in missing), missing  # only the new layers are fresh
+    for layer in prm.model.layers[layers - extra_layers :]:
+        torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
+        torch.nn.init.zeros_(layer.mlp.down_proj.weight)
     embeddings = prm.model.embed_tokens.weight.data
     step_end = tokenizer.encode(STEP_SEPARATOR, add_special_tokens=False)[0]
     embeddings[tokenizer.convert_tokens_to_ids(PRM_STEP_TAG)] = embeddings[step_end]
@@ -144,7 +166,7 @@ def train_prm(generator, gen_tokenizer, prm_tokenizer, recipe: PrmRecipe, seed: 
     sampled = sample_generator_solutions(generator, gen_tokenizer, problems, recipe.samples_per_problem, seed)
     good = sum(all(label_steps(p, s)) for p, s in sampled)
     log(f"prm: {len(sampled)} sampled solutions, {good / len(sampled):.1%} with every step good")
-    prm = prm_from_generator(generator, prm_tokenizer)
+    prm = prm_from_generator(generator, prm_tokenizer, recipe.extra_layers)
     examples = prm_examples(prm_tokenizer, sampled, recipe, rng)
     batches = bucketed(examples, recipe.batch_size, key=lambda ex: len(ex.ids))
     tag_id = prm_tokenizer.convert_tokens_to_ids(PRM_STEP_TAG)

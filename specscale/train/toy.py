@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from specscale.tasks.toy import ASSETS_DIR, GENERATOR_SYSTEM_PROMPT, PRM_SYSTEM_PROMPT, toy_problems
 from specscale.tasks.toy_solutions import render_solution
@@ -49,27 +50,39 @@ def tokenizer_corpus(n_problems: int, seed: int) -> list[str]:
     return texts
 
 
-def train_toy(out: Path, seed: int = 0, recipe: ToyRecipe = ToyRecipe(), log=print) -> dict[str, float]:
-    """Train both models and write their folders under ``out``; returns the stage times in seconds."""
+def train_toy(out: Path, seed: int = 0, recipe: ToyRecipe = ToyRecipe(), log=print,
+              generator_from: Path | None = None) -> dict[str, float]:
+    """Train both models and write their folders under ``out``; returns the stage times in seconds.
+    With ``generator_from`` (a toy-generator folder) the generator and its tokenizer are loaded from
+    there, copied to ``out``, and only the PRM is trained."""
     torch.set_num_threads(recipe.threads)
     times: dict[str, float] = {}
     started = time.perf_counter()
-    raw = build_tokenizer(tokenizer_corpus(recipe.tokenizer_problems, seed), recipe.vocab_size)
     gen_dir, prm_dir = out / GENERATOR_DIR, out / PRM_DIR
+    raw = (Tokenizer.from_file(str(generator_from / "tokenizer.json")) if generator_from
+           else build_tokenizer(tokenizer_corpus(recipe.tokenizer_problems, seed), recipe.vocab_size))
     save_tokenizer(raw, gen_dir, GENERATOR_SYSTEM_PROMPT)
     save_tokenizer(raw, prm_dir, PRM_SYSTEM_PROMPT)
     gen_tokenizer, prm_tokenizer = AutoTokenizer.from_pretrained(gen_dir), AutoTokenizer.from_pretrained(prm_dir)
     log(f"tokenizer: {raw.get_vocab_size()} tokens")
     times["tokenizer_s"] = time.perf_counter() - started
 
-    generator = train_generator(gen_tokenizer, recipe.generator, seed, log)
+    if generator_from:
+        generator = AutoModelForCausalLM.from_pretrained(generator_from, dtype=torch.float32)
+        generator_record = json.loads((generator_from / "training.json").read_text())
+    else:
+        generator = train_generator(gen_tokenizer, recipe.generator, seed, log)
+        generator_record = {"seed": seed, "recipe": recipe.generator}
     times["generator_s"] = time.perf_counter() - started - sum(times.values())
     prm = train_prm(generator, gen_tokenizer, prm_tokenizer, recipe.prm, seed, log)
     times["prm_s"] = time.perf_counter() - started - sum(times.values())
 
-    save_model(generator, gen_dir, {"seed": seed, "recipe": recipe.generator, "times": times})
+    save_model(generator, gen_dir, dict(generator_record, times=generator_record.get("times", times)))
     generation_config(gen_tokenizer).save_pretrained(gen_dir)
-    save_model(prm, prm_dir, {"seed": seed, "recipe": recipe.prm, "times": times})
+    prm_record = {"seed": seed, "recipe": recipe.prm, "times": times}
+    if generator_from:
+        prm_record["generator_from"] = "the toy-generator beside it, loaded from its bf16 checkpoint"
+    save_model(prm, prm_dir, prm_record)
     times["total_s"] = time.perf_counter() - started
     log("times: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     return times
