@@ -22,7 +22,8 @@ if [[ "${FORCE:-0}" != 1 ]] && awk -v b="$busy" 'BEGIN { exit !(b > 0.15) }'; th
 fi
 
 # The lazy-verification threshold every run below uses: the toy PRM's knee on this machine.
-specscale profile-prm --threads "$THREADS"
+mkdir -p "$OUT"
+specscale profile-prm --threads "$THREADS" | tee "$OUT/profile-prm.md"
 
 specscale bench throughput   --out "$OUT/throughput"   --threads "$THREADS" "${MODE[@]}"
 specscale bench latency      --out "$OUT/latency"      --threads "$THREADS" "${MODE[@]}"
