@@ -92,3 +92,21 @@ def test_bfloat16_matches_transformers_bfloat16(family, request):
         theirs = reference(torch.tensor([tokens])).logits[0].float()
     scale = theirs.abs().max().item()
     assert (ours - theirs).abs().max().item() <= 0.005 * scale  # bf16 vs fp32 alone differs by ~0.5%
+
+
+def test_fp32_cpu_linears_are_prepacked_and_exact(qwen2_dir):
+    """On CPU fp32 every linear carries a oneDNN-prepacked weight, used from PACKED_MIN_ROWS rows on,
+    and it computes what F.linear computes (the parity tests above cover whole models)."""
+    from specscale.model.loader import load_model
+    from specscale.model.transformer import PACKED_MIN_ROWS, Linear, can_prepack
+
+    model = load_model(qwen2_dir, dtype="float32")
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    if not can_prepack(torch.device("cpu"), torch.float32):
+        pytest.skip("this torch build has no oneDNN")
+    assert linears and all(m.packed is not None for m in linears)
+    for rows in (1, PACKED_MIN_ROWS, 40):
+        for m in linears[:3]:
+            x = torch.randn(rows, m.in_features)
+            expected = torch.nn.functional.linear(x, m.weight, m.bias)
+            torch.testing.assert_close(m(x), expected, rtol=1e-5, atol=1e-5)

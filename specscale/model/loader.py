@@ -74,6 +74,7 @@ def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu", max_p
     model = model.to_empty(device=device)
     _load_weights(model, path, torch_dtype)
     model.tie_weights()
+    model.prepack_linears()
     model.build_rotary(max_positions or args.max_position_embeddings)
     return model.eval()
 

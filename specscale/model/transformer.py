@@ -114,6 +114,34 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+PACKED_MIN_ROWS = 8  # below this many rows F.linear is as fast or faster than the prepacked path
+
+
+class Linear(nn.Linear):
+    """nn.Linear with an optional oneDNN-prepacked copy of its weight for CPU fp32 (`prepack()`).
+
+    For the 8-128-row batches of a small model, torch's fp32 F.linear (an sgemm on the plain weight)
+    runs at a third of the speed of a oneDNN matmul on a weight laid out for it once at load time
+    (docs/BENCHMARKS.md, engine section). bf16 already goes through oneDNN, so only fp32 is packed.
+    """
+
+    packed: torch.Tensor | None = None
+
+    def prepack(self, batch_size_hint: int = 64) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_size=batch_size_hint)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] -> [T, out]
+        if self.packed is not None and x.shape[0] >= PACKED_MIN_ROWS:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether Linear.prepack applies: fp32 on a CPU whose torch build has oneDNN."""
+    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -133,8 +161,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.attention_bias)
-        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=False)
+        self.qkv_proj = Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.attention_bias)
+        self.o_proj = Linear(q_size, args.hidden_size, bias=False)
         self.scale = args.head_dim**-0.5
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -152,8 +180,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.gate_up_proj = Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
+        self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
@@ -196,7 +224,7 @@ class TransformerForCausalLM(nn.Module):
         super().__init__()
         self.args = args
         self.model = DecoderModel(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         self.rotary: RotaryTable | None = None
 
     @property
@@ -206,6 +234,14 @@ class TransformerForCausalLM(nn.Module):
     def tie_weights(self) -> None:
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def prepack_linears(self) -> None:
+        """Lay every linear weight out for oneDNN once (CPU fp32 only; see Linear)."""
+        weight = self.model.embed_tokens.weight
+        if can_prepack(weight.device, weight.dtype):
+            for module in self.modules():
+                if isinstance(module, Linear):
+                    module.prepack()
 
     def build_rotary(self, max_positions: int) -> None:
         weight = self.model.embed_tokens.weight
@@ -228,7 +264,7 @@ class TransformerForProcessReward(TransformerForCausalLM):
         self.args = args
         self.model = DecoderModel(args)
         h = args.hidden_size
-        self.score = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, args.num_labels))
+        self.score = nn.Sequential(Linear(h, h), nn.ReLU(), Linear(h, args.num_labels))
         self.rotary = None
 
     @property
