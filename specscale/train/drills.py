@@ -47,6 +47,7 @@ def verification_drill(tokenizer, rng: random.Random, tag_id: int, equations: in
     (else a dropped carry or another plausible wrong number), each followed by the step tag. Labels: on
     every result digit, 1 while the digits so far agree with the true result; on the dot and the tag, 1
     iff the whole result is right."""
+    space = tokenizer.encode(" ", add_special_tokens=False)
     ids: list[int] = []
     labels: list[int] = []
     for _ in range(equations):
@@ -56,7 +57,6 @@ def verification_drill(tokenizer, rng: random.Random, tag_id: int, equations: in
         ids += head
         labels += [IGNORE] * len(head)
         digits, truth = str(shown), str(c)
-        space = tokenizer.encode(" ", add_special_tokens=False)
         ids += space
         labels += [IGNORE] * len(space)
         for i, digit in enumerate(digits):  # digits are single tokens

@@ -67,12 +67,7 @@ def train_toy(out: Path, seed: int = 0, recipe: ToyRecipe = ToyRecipe(), log=pri
     log(f"tokenizer: {raw.get_vocab_size()} tokens")
     times["tokenizer_s"] = time.perf_counter() - started
 
-    if generator_from:
-        generator = AutoModelForCausalLM.from_pretrained(generator_from, dtype=torch.float32)
-        generator_record = json.loads((generator_from / "training.json").read_text())
-    else:
-        generator = train_generator(gen_tokenizer, recipe.generator, seed, log)
-        generator_record = {"seed": seed, "recipe": recipe.generator}
+    generator, generator_record = obtain_generator(gen_tokenizer, recipe, seed, log, generator_from)
     times["generator_s"] = time.perf_counter() - started - sum(times.values())
     prm = train_prm(generator, gen_tokenizer, prm_tokenizer, recipe.prm, seed, log)
     times["prm_s"] = time.perf_counter() - started - sum(times.values())
@@ -86,6 +81,14 @@ def train_toy(out: Path, seed: int = 0, recipe: ToyRecipe = ToyRecipe(), log=pri
     times["total_s"] = time.perf_counter() - started
     log("times: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     return times
+
+
+def obtain_generator(gen_tokenizer, recipe: ToyRecipe, seed: int, log, generator_from: Path | None):
+    """The generator (fp32) and its training record: loaded from ``generator_from``, else trained."""
+    if generator_from:
+        generator = AutoModelForCausalLM.from_pretrained(generator_from, dtype=torch.float32)
+        return generator, json.loads((generator_from / "training.json").read_text())
+    return train_generator(gen_tokenizer, recipe.generator, seed, log), {"seed": seed, "recipe": recipe.generator}
 
 
 def generation_config(tokenizer) -> GenerationConfig:
