@@ -7,6 +7,9 @@ each repeat and the median over repeats is reported.
 
     python benchmarks/engine_throughput.py                      # bundled toy generator, fp32 and bf16
     python benchmarks/engine_throughput.py --write docs/BENCHMARKS.md
+    python benchmarks/engine_throughput.py --device cuda --dtypes bfloat16 --write docs/BENCHMARKS.md
+
+On CUDA the section written is a separate one (``engine-throughput-cuda``), so both tables stay.
 """
 
 from __future__ import annotations
@@ -38,24 +41,33 @@ def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
     return torch.randint(10, vocab - 10, (batch, length), generator=gen).tolist()
 
 
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
 def time_ours(engine: Engine, batch_prompts, new_tokens: int, temperature: float) -> float:
     params = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=new_tokens, ignore_eos=True)
+    synchronize(engine.config.device)
     start = time.perf_counter()
     for p in batch_prompts:
         engine.add(p, params)
     while engine.has_work():
         engine.step()
+    synchronize(engine.config.device)
     return time.perf_counter() - start
 
 
 def time_transformers(model, batch_prompts, new_tokens: int, temperature: float) -> float:
-    ids = torch.tensor(batch_prompts)
+    ids = torch.tensor(batch_prompts, device=model.device)
+    synchronize(str(model.device))
     start = time.perf_counter()
     with torch.inference_mode():
         model.generate(
             ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature, top_p=1.0,
             top_k=None, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
         )
+    synchronize(str(model.device))
     return time.perf_counter() - start
 
 
@@ -71,8 +83,9 @@ def run_local(args) -> dict:
     results: dict = {}
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
     for dtype in args.dtypes:
-        engine = Engine(EngineConfig(model=args.model, dtype=dtype, kv_cache_memory_gb=1.0, max_num_seqs=512))
-        hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, dtype)).eval()
+        engine = Engine(EngineConfig(model=args.model, dtype=dtype, kv_cache_memory_gb=1.0, max_num_seqs=512,
+                                     device=args.device))
+        hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, dtype)).to(args.device).eval()
         ours_timer = lambda p, n: time_ours(engine, p, n, args.temperature)  # noqa: E731
         hf_timer = lambda p, n: time_transformers(hf, p, n, args.temperature)  # noqa: E731
         decode_rate(ours_timer, prompts(2, args.prompt_len, vocab), 8)  # warm-up (kernel build, allocator)
@@ -88,7 +101,7 @@ def run_local(args) -> dict:
 
 
 def run_vllm(args) -> dict:
-    if not VLLM_PYTHON.is_file() or args.skip_vllm:
+    if not VLLM_PYTHON.is_file() or args.skip_vllm or args.device != "cpu":
         return {}
     command = [str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_throughput.py")), "--model", args.model,
                "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
@@ -123,18 +136,23 @@ def table(results: dict, args) -> str:
     return "\n".join(lines)
 
 
-def machine() -> str:
+def machine(device: str) -> str:
     cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                 if l.startswith("model name")), platform.processor())
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    text = f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    if device.startswith("cuda"):
+        text = f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), host " + text
+    return text
 
 
-def write_section(path: Path, text: str) -> None:
+def write_section(path: Path, text: str, device: str) -> None:
     doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
-    if MARK_BEGIN in doc:
-        head, rest = doc.split(MARK_BEGIN, 1)
-        doc = head + section + rest.split(MARK_END, 1)[1]
+    suffix = "" if device == "cpu" else "-" + device.split(":")[0]
+    begin, end = MARK_BEGIN.replace(":begin", f"{suffix}:begin"), MARK_END.replace(":end", f"{suffix}:end")
+    section = f"{begin}\n{text}\n{end}"
+    if begin in doc:
+        head, rest = doc.split(begin, 1)
+        doc = head + section + rest.split(end, 1)[1]
     else:
         doc = doc.rstrip() + "\n\n" + section + "\n"
     path.write_text(doc)
@@ -150,18 +168,19 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (vLLM-CPU runs on cpu only)")
     parser.add_argument("--write", type=Path, help="update the engine-throughput section of this Markdown file")
     args = parser.parse_args()
     results = run_local(args)
     for key, rates in run_vllm(args).items():
         results[key] = rates
     command = "python benchmarks/engine_throughput.py " + " ".join(sys.argv[1:])
-    text = (f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
+    text = (f"Command: `{command.strip()}`  \nMachine: {machine(args.device)}  \n"
             f"Prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, T = {args.temperature}, "
             f"median of {args.repeats} interleaved repeats.\n\n" + table(results, args))
     print(text)
     if args.write:
-        write_section(args.write, text)
+        write_section(args.write, text, args.device)
 
 
 if __name__ == "__main__":

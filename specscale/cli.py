@@ -22,6 +22,7 @@ def add_generate(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--system", default=None, help="system prompt (default: the toy generator's)")
     p.set_defaults(func=run_generate)
 
@@ -37,7 +38,7 @@ def run_generate(args) -> int:
     from specscale.engine.engine import Engine
     from specscale.engine.sequence import SamplingParams
 
-    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype))
+    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device))
     tok = engine.tokenizer
     questions = args.prompt or default_prompts(args.num_prompts)
     ids = {}

@@ -27,12 +27,14 @@ def add_solve(sub) -> None:
     p.add_argument("--generator", default=PipelineConfig.generator)
     p.add_argument("--prm", default=PipelineConfig.prm)
     p.add_argument("--max-concurrency", type=int, default=32)
+    p.add_argument("--device", default=PipelineConfig.device, help="cpu or cuda")
     p.add_argument("--quiet", action="store_true", help="only the summary")
     p.set_defaults(func=run_solve)
 
 
 def run_solve(args) -> int:
-    pipeline = Pipeline(PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency))
+    pipeline = Pipeline(PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
+                                       device=args.device))
     problems = None if args.question else toy_problems("test", args.problems, seed=args.seed)
     questions = args.question or [p.question for p in problems]
     requests = []

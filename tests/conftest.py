@@ -1,3 +1,4 @@
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -18,6 +19,16 @@ from specscale.engine.engine import Engine  # noqa: E402
 from specscale.engine.sequence import SequenceStatus  # noqa: E402
 
 
+# SPECSCALE_TEST_DEVICE=cuda runs every engine the tests build on that device (the default is the CPU).
+TEST_DEVICE = os.environ.get("SPECSCALE_TEST_DEVICE")
+
+
+@pytest.fixture(scope="session")
+def test_device() -> str:
+    """Where the tests' engines run, for references that must run beside them."""
+    return TEST_DEVICE or "cpu"
+
+
 @pytest.fixture(scope="session")
 def qwen2_dir(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("qwen2"), "qwen2")
@@ -35,8 +46,10 @@ def no_leaked_blocks(monkeypatch):
     created: list[Engine] = []
     original = Engine.__init__
 
-    def tracking_init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
+    def tracking_init(self, config, **kwargs):
+        if TEST_DEVICE:
+            config = dataclasses.replace(config, device=TEST_DEVICE)
+        original(self, config, **kwargs)
         created.append(self)
 
     monkeypatch.setattr(Engine, "__init__", tracking_init)

@@ -180,14 +180,14 @@ def test_readout_sequence_returns_head_outputs_at_positions(engine, qwen2_dir):
     reference = AutoModelForCausalLM.from_pretrained(qwen2_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         expected = reference(torch.tensor([tokens])).logits[0, positions]
-    assert (readouts - expected).abs().max() < 1e-4
+    assert (readouts.cpu() - expected).abs().max() < 1e-4
     more = [40, 41, 42]
     engine.extend(seq_id, None, token_ids=more, readout_positions=[len(tokens) + 2])
     outputs = run_until_idle(engine)
     assert engine.get(seq_id).usage.computed_tokens == len(tokens) + len(more)  # the prefix is reused
     with torch.no_grad():
         expected = reference(torch.tensor([tokens + more])).logits[0, [-1]]
-    assert (outputs[seq_id][-1].readouts - expected).abs().max() < 1e-4
+    assert (outputs[seq_id][-1].readouts.cpu() - expected).abs().max() < 1e-4
 
 
 def test_bad_inputs_raise_clear_errors(engine):

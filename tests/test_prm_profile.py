@@ -46,7 +46,7 @@ def test_batches_are_split_into_step_sized_sequences():
 def test_profile_prm_command_writes_table_json_and_plot(tiny_prm, tmp_path, capsys):
     out, plot = tmp_path / "profile.json", tmp_path / "profile.png"
     assert main(["profile-prm", "--model", str(tiny_prm), "--out", str(out), "--plot", str(plot), "--quick",
-                 "--dtype", "float32"]) == 0
+                 "--dtype", "float32", "--device", "cpu"]) == 0
     data = json.loads(out.read_text())
     profile = PRMProfile.from_json(data)
     assert [p.batch_tokens for p in profile.points] == list(QUICK_BATCH_TOKENS)
@@ -63,7 +63,7 @@ def test_profile_prm_command_writes_table_json_and_plot(tiny_prm, tmp_path, caps
 def test_default_location_is_what_the_search_reads(tiny_prm, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSCALE_CACHE_DIR", str(tmp_path / "cache"))
     assert load_lv_threshold(tiny_prm, "cpu") is None  # never profiled
-    assert main(["profile-prm", "--model", str(tiny_prm), "--quick", "--dtype", "float32"]) == 0
+    assert main(["profile-prm", "--model", str(tiny_prm), "--quick", "--dtype", "float32", "--device", "cpu"]) == 0
     path = default_profile_path(tiny_prm, "cpu")
     assert path.is_file() and path.with_suffix(".png").is_file()
     assert str(path).startswith(str(tmp_path / "cache"))

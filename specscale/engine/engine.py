@@ -307,7 +307,8 @@ class Engine:
     def _child_generator(self, parent: Sequence) -> torch.Generator | None:
         if parent.generator is None:
             return None
-        seed = int(torch.randint(0, 2**62, (1,), generator=parent.generator))  # deterministic per parent
+        draw = torch.randint(0, 2**62, (1,), generator=parent.generator, device=parent.generator.device)
+        seed = int(draw)  # deterministic per parent
         return torch.Generator(device=self.config.device).manual_seed(seed)
 
     def _get_paused(self, seq_id: int) -> Sequence:
