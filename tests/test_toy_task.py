@@ -1,6 +1,7 @@
 """The toy task: problems, splits, the step checker, answer extraction, solutions and corruptions."""
 
 import random
+import re
 import statistics
 
 import pytest
@@ -191,3 +192,15 @@ def test_step_lengths_vary_like_reasoning():
     ]
     assert statistics.pstdev(lengths) / statistics.mean(lengths) > 0.4
     assert min(lengths) < 20 < 80 < max(lengths)
+
+
+def test_every_event_step_opens_with_its_event():
+    """A step restates the event it applies, so the next step (and a verifier) can find its place in the
+    story by reading the sentence after the one just restated, without counting steps."""
+    rng = random.Random(3)
+    for problem in toy_problems("train", 200, seed=4):
+        steps = split_steps(render_solution(problem, rng, NO_SLIPS))
+        event_steps = [step for step in steps if re.search(r"\d+ [-+*/] \d+ = \d+", step)]
+        assert len(event_steps) == len(problem.ops)
+        for step, op in zip(event_steps, problem.ops):
+            assert step.startswith(op.sentence[:-1]), (step, op.sentence)

@@ -2,8 +2,11 @@
 
 ``render_solution(problem, rng, slips) -> str`` writes one solution: an optional opening step, one step
 per event of the story, and a final step that boxes the result (sometimes merged into the last event's
-step). Each event step picks a style at random, from terse (``23 + 14 = 37.``) to one that restates
-the situation and checks its work, so step lengths vary the way real reasoning does.
+step). Every event step opens with its event, read from the question (``Mia finds 8 more``), then picks
+a style at random, from terse (``Mia finds 8 more: 13 + 8 = 21.``) to one that recalls the total and
+checks its work, so step lengths vary the way real reasoning does. Opening with the event is how a
+careful reasoner keeps its place in the story: the next step reads the sentence after the one just
+restated, and a verifier can check a step against the question without counting steps.
 
 The student slips like people do, and the toy generator learns to slip the same way, so it makes
 systematic, difficulty-dependent mistakes that a verifier can catch and a majority vote cannot fix:
@@ -43,6 +46,7 @@ _SO = ("so", "so", "which gives", "that makes")
 _NOW = ("Now {n} has", "Now {n} has", "Then {n} has", "{n} now has")
 _CHECK = ("Check:", "Check:", "To check,", "Checking:")
 _EVENT_STYLES = (("terse", 0.25), ("clause", 0.25), ("state", 0.2), ("check", 0.18), ("recap", 0.12))
+_BEFORE = ("Before that", "Until then", "Before this")
 _FINAL_STYLES = (("box", 0.15), ("short", 0.3), ("sentence", 0.25), ("formal", 0.15), ("merged", 0.15))
 
 
@@ -125,14 +129,15 @@ def _event_step(
     clause = sentence[:-1]
     style = _choose(rng, _EVENT_STYLES)
     if style == "terse":
-        return f"{equation}."
+        return f"{clause}: {equation}."
     if style == "clause":
         return f"{clause}, {rng.choice(_SO)} {equation}."
     if style == "state":
         return f"{sentence} {now} {equation} {item}."
     if style == "check":
         return f"{sentence} {now} {equation} {item}. {check}."
-    return f"{name} has {a} {item}. {sentence} So {name} has {equation} {item}. {check}, which is right."
+    before = rng.choice(_BEFORE)
+    return f"{sentence} {before}, {name} had {a} {item}, so {name} has {equation} {item}. {check}, which is right."
 
 
 def _final_step(problem: ToyProblem, value: int, style: str, rng: random.Random) -> str:

@@ -9,7 +9,10 @@ loaded from ``specscale/assets`` in bf16 (``--generator``/``--prm`` override the
    PRM's pick (highest ``last`` step score; also ``min``, ``prod`` and the PRM-weighted vote).
 2. PRM quality on those samples, labels from the checker: within-problem step AUC (a good and a bad
    step at the same index of the same problem, both after an all-good prefix; ties count one half),
-   pooled step AUC, and the fraction of bf16 step scores exactly 1.0.
+   pooled step AUC, and the fraction of bf16 step scores exactly 1.0. Also, on a clean reference solution
+   of each problem and a corrupted copy (``tasks/toy_corrupt.py``: one wrong result, operand, running total,
+   operation or box), how often the PRM scores the right step above the corrupted one at the first bad
+   step (ties count one half): synthetic errors, harder than the generator's own.
 3. Workload: a synchronous beam search (N = 8, M = 4, ``specscale.tasks.toy_rounds``) per problem:
    tokens per step (median, p90), their coefficient of variation within a round, the waiting-time
    ratio 1 - mean/max of step lengths per round, the common-prefix token ratio (1 - token-trie nodes /
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -41,7 +45,9 @@ from specscale.tasks.toy import (
     split_steps,
     toy_problems,
 )
+from specscale.tasks.toy_corrupt import corrupt_steps
 from specscale.tasks.toy_models import ToyModels, load_toy_models
+from specscale.tasks.toy_solutions import NO_SLIPS, render_solution
 from specscale.tasks.toy_rounds import BeamSettings, SearchResult, beam_search
 from specscale.verify.hf_prm import score_batch
 
@@ -115,6 +121,20 @@ def _pairwise_auc(pairs: list[tuple[list[float], list[float]]]) -> float:
     return wins / total if total else float("nan")
 
 
+def corrupted_pair_metrics(models: ToyModels, problems: list[ToyProblem], seed: int) -> dict[str, float]:
+    """How often the PRM prefers a clean reference step to its corrupted copy, at the first bad step."""
+    rng = random.Random(f"corrupted-pairs-{seed}")
+    items, first_bad = [], []
+    for problem in problems:
+        steps = split_steps(render_solution(problem, rng, NO_SLIPS))
+        corrupted = corrupt_steps(problem, steps, rng)
+        first_bad.append(label_steps(problem, corrupted).index(False))
+        items += [(problem.question, steps), (problem.question, corrupted)]
+    scores = score_batch(models.prm, models.prm_tokenizer, items)
+    wins = [_pairwise_auc([([scores[2 * i][k]], [scores[2 * i + 1][k]])]) for i, k in enumerate(first_bad)]
+    return {"corrupted_pair_accuracy": float(np.mean(wins)), "corrupted_pairs": float(len(wins))}
+
+
 def workload_metrics(results: list[SearchResult], texts: list[list[str]]) -> dict[str, float]:
     """Step lengths, waiting-time and common-prefix ratios of the beam rounds; steps per solution."""
     rounds = [r for result in results for r in result.rounds if len(r.lengths) > 1]
@@ -155,6 +175,7 @@ def measure(models: ToyModels, problems: list[ToyProblem], seed: int) -> dict[st
     stats = {"problems": float(len(problems)), "samples_per_problem": float(SAMPLES)}
     stats |= best_of_n_metrics(problems, texts, scores)
     stats |= step_metrics(problems, steps, labels, scores)
+    stats |= corrupted_pair_metrics(models, problems, seed)
     settings = BeamSettings(sampling=SamplingSettings(seed=seed))
     stats |= workload_metrics(beam_search(models, problems, settings), texts)
     stats["seconds"] = time.perf_counter() - started

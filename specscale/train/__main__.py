@@ -24,7 +24,7 @@ def smoke_recipe() -> ToyRecipe:
     recipe = ToyRecipe()
     tiny = TrainPlan(steps=3, lr=1e-3, warmup=1, log_every=1)
     generator = dataclasses.replace(recipe.generator, pretrain=tiny, finetune=tiny, batch_size=4)
-    prm = dataclasses.replace(recipe.prm, plan=tiny, batch_size=4, sampled_problems=2, samples_per_problem=2)
+    prm = dataclasses.replace(recipe.prm, drill_plan=tiny, plan=tiny, batch_size=4, sampled_problems=2, samples_per_problem=2)
     return dataclasses.replace(recipe, tokenizer_problems=300, generator=generator, prm=prm)
 
 

@@ -41,9 +41,9 @@ class GeneratorRecipe:
 
     shape: ModelShape = field(default_factory=ModelShape)
     pretrain: TrainPlan = field(default_factory=lambda: TrainPlan(steps=600, lr=2e-3, warmup=100))
-    finetune: TrainPlan = field(default_factory=lambda: TrainPlan(steps=1200, lr=1.5e-3, warmup=100))
+    finetune: TrainPlan = field(default_factory=lambda: TrainPlan(steps=1500, lr=1.5e-3, warmup=100))
     batch_size: int = 32
-    slips: SlipRates = field(default_factory=SlipRates)
+    slips: SlipRates = field(default_factory=lambda: SlipRates(hard=0.55))
 
 
 def qwen2_config(shape: ModelShape, tokenizer, tie_embeddings: bool) -> Qwen2Config:

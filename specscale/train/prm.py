@@ -14,6 +14,9 @@ every token of the steps is labelled: good while the text so far has no error, b
 character on (located by the checker's ``first_error``). These dense labels put the learning signal on
 the very digit where a step goes wrong; the served scores are read at the ``<extra_0>`` tags only.
 
+Curriculum: the drills alone first (``drill_plan``: the arithmetic check is learnt in a few hundred
+steps on its own, slowly inside the mix), then the mix.
+
 The body starts from the generator's weights plus two identity-initialised layers on top (see
 ``prm_from_generator``), and the ``<extra_0>`` embedding from the ``"\\n\\n"`` embedding it replaces.
 """
@@ -34,7 +37,7 @@ from specscale.tasks.toy_corrupt import corrupt_steps
 from specscale.tasks.toy_solutions import NO_SLIPS, SlipRates, render_solution
 from specscale.train.drills import verification_drill
 from specscale.train.generator import IGNORE, prompt_ids, train_problems
-from specscale.train.loop import TrainPlan, bucketed, pad, train
+from specscale.train.loop import TrainPlan, batched, bucketed, pad, train
 from specscale.verify.hf_prm import Qwen2ForProcessRewardModel, prm_messages
 
 
@@ -42,11 +45,12 @@ from specscale.verify.hf_prm import Qwen2ForProcessRewardModel, prm_messages
 class PrmRecipe:
     """Everything that defines the PRM's training run."""
 
-    plan: TrainPlan = field(default_factory=lambda: TrainPlan(steps=2000, lr=1e-3, warmup=100))
+    drill_plan: TrainPlan = field(default_factory=lambda: TrainPlan(steps=300, lr=1e-3, warmup=50))
+    plan: TrainPlan = field(default_factory=lambda: TrainPlan(steps=2500, lr=1e-3, warmup=100))
     batch_size: int = 32
     sampled_problems: int = 1500
     samples_per_problem: int = 4
-    mix: tuple[float, float, float, float] = (0.3, 0.2, 0.25, 0.25)  # sampled, slipped, corrupted, drill
+    mix: tuple[float, float, float, float] = (0.35, 0.15, 0.3, 0.2)  # sampled, slipped, corrupted, drill
     slips: SlipRates = field(default_factory=lambda: SlipRates(hard=0.5, easy=0.1, misread=0.1))
     extra_layers: int = 2  # verifier layers on top of the generator's body (see prm_from_generator)
 
@@ -167,8 +171,12 @@ def train_prm(generator, gen_tokenizer, prm_tokenizer, recipe: PrmRecipe, seed: 
     good = sum(all(label_steps(p, s)) for p, s in sampled)
     log(f"prm: {len(sampled)} sampled solutions, {good / len(sampled):.1%} with every step good")
     prm = prm_from_generator(generator, prm_tokenizer, recipe.extra_layers)
+    tag_id = prm_tokenizer.convert_tokens_to_ids(PRM_STEP_TAG)
+    drills = (PrmExample(*verification_drill(prm_tokenizer, rng, tag_id)) for _ in itertools.count())
+    log("prm: verification drills first")
+    train(prm, batched(drills, recipe.batch_size), recipe.drill_plan, make_prm_loss(tag_id), log)
     examples = prm_examples(prm_tokenizer, sampled, recipe, rng)
     batches = bucketed(examples, recipe.batch_size, key=lambda ex: len(ex.ids))
-    tag_id = prm_tokenizer.convert_tokens_to_ids(PRM_STEP_TAG)
+    log("prm: solutions and drills")
     train(prm, batches, recipe.plan, make_prm_loss(tag_id), log)
     return prm
