@@ -1,7 +1,10 @@
 """Helpers for engine tests: run to idle with block invariants checked after every iteration."""
 
+from collections.abc import Iterator
+
 from specscale.config import EngineConfig
 from specscale.engine.engine import Engine
+from specscale.pipeline import Pipeline, PipelineConfig
 
 
 def make_engine(path, **overrides) -> Engine:
@@ -38,3 +41,13 @@ class ScriptedSampler:
 
     def __call__(self, logits, rows):
         return [[self.script.pop(0) for _ in range(row.num_draws)] for row in rows]
+
+
+def serving_pipeline(config: PipelineConfig) -> Iterator[Pipeline]:
+    """A pipeline for a fixture (``yield from``): afterwards the PRM's cached step prefixes are dropped,
+    the PRM engine must hold no KV block, and the pipeline is closed."""
+    pipe = Pipeline(config)
+    yield pipe
+    pipe.verifier.clear()
+    assert pipe.verifier.engine.block_manager.num_used_blocks == 0
+    pipe.close()

@@ -4,8 +4,9 @@ frees its blocks within one tick."""
 
 import pytest
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
+from engine_helpers import serving_pipeline
 
-from specscale.pipeline import Pipeline, PipelineConfig
+from specscale.pipeline import PipelineConfig
 from specscale.search.presets import PRESETS, preset_config
 
 
@@ -13,12 +14,8 @@ from specscale.search.presets import PRESETS, preset_config
 def pipeline(tmp_path_factory):
     generator = build_stepping_generator(tmp_path_factory.mktemp("gen"))
     prm = build_qwen_prm_checkpoint(tmp_path_factory.mktemp("prm"))
-    pipe = Pipeline(PipelineConfig(generator=str(generator), prm=str(prm), lv_threshold_tokens=256,
-                                   generator_kv_gb=0.25, prm_kv_gb=0.25))
-    yield pipe
-    pipe.verifier.clear()  # drops the PRM's cached step prefixes
-    assert pipe.verifier.engine.block_manager.num_used_blocks == 0
-    pipe.close()
+    yield from serving_pipeline(PipelineConfig(generator=str(generator), prm=str(prm), lv_threshold_tokens=256,
+                                               generator_kv_gb=0.25, prm_kv_gb=0.25))
 
 
 def search_config(preset, seed):

@@ -2,8 +2,9 @@
 PRM, zero KV blocks in use afterwards, and a request cancelled mid-search frees its blocks at once."""
 
 import pytest
+from engine_helpers import serving_pipeline
 
-from specscale.pipeline import Pipeline, PipelineConfig
+from specscale.pipeline import PipelineConfig
 from specscale.search.presets import PRESETS, preset_config
 from specscale.tasks.toy import is_correct, toy_problems
 
@@ -12,11 +13,7 @@ PROBLEMS = toy_problems("test", 32, seed=7)
 
 @pytest.fixture(scope="module")
 def toy_pipeline():
-    pipe = Pipeline(PipelineConfig(lv_threshold_tokens=1024, generator_kv_gb=0.5, prm_kv_gb=0.25))
-    yield pipe
-    pipe.verifier.clear()
-    assert pipe.verifier.engine.block_manager.num_used_blocks == 0
-    pipe.close()
+    yield from serving_pipeline(PipelineConfig(lv_threshold_tokens=1024, generator_kv_gb=0.5, prm_kv_gb=0.25))
 
 
 def config(preset, seed):
