@@ -21,7 +21,8 @@ class EngineConfig:
         this device; None lets them fill max_num_seqs.
     max_model_len: context cap per sequence; None takes the model's max_position_embeddings.
     enable_prefix_caching: reuse full KV blocks whose content hash matches (automatic prefix caching).
-    attention_backend: "auto" (C++ decode kernel on CPU when it builds), "torch" or "cpp".
+    attention_backend: "auto" (the C++ CPU kernels — decode attention and the fused norm / RoPE / activation
+        ops — when they build), "torch" (plain torch everywhere) or "cpp" (the kernels, or an error).
     seed: seeds the engine's generator, used by sequences without a seed of their own.
     """
 

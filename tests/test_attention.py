@@ -39,8 +39,8 @@ def tiny_model(head_dim):
     return Model()
 
 
-# D = 16 takes the AVX-512 kernel path (D a multiple of 16), D = 24 the portable one
-@pytest.mark.parametrize("backend,D", [("torch", 16), ("cpp", 16), ("cpp", 24)])
+# D = 16, 64, 128 take the AVX-512 kernel (one instantiation per D / 16), D = 24 the portable one
+@pytest.mark.parametrize("backend,D", [("torch", 16), ("cpp", 16), ("cpp", 24), ("cpp", 64), ("cpp", 128)])
 def test_paged_attention_equals_dense(backend, D):
     assert backend == "torch" or cpu_kernels.available(), "the C++ decode kernel failed to build"
     torch.manual_seed(0)

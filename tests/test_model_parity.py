@@ -29,10 +29,10 @@ def run_engine(path, prompts, budget, backend):
     recorded: dict[int, list[torch.Tensor]] = {}
     original = engine._sample_and_append
 
-    def capture(to_sample):
-        for row, logit_row in to_sample:
-            recorded.setdefault(row.seq.seq_id, []).append(logit_row.to("cpu", copy=True))
-        return original(to_sample)
+    def capture(seqs, logits):
+        for seq, logit_row in zip(seqs, logits):
+            recorded.setdefault(seq.seq_id, []).append(logit_row.to("cpu", copy=True))
+        return original(seqs, logits)
 
     engine._sample_and_append = capture
     params = SamplingParams(temperature=0.0, max_new_tokens=DECODE_STEPS, ignore_eos=True)
@@ -94,18 +94,21 @@ def test_bfloat16_matches_transformers_bfloat16(family, request, test_device):
     assert (ours - theirs).abs().max().item() <= 0.005 * scale  # bf16 vs fp32 alone differs by ~0.5%
 
 
-def test_fp32_cpu_linears_are_prepacked_and_exact(qwen2_dir):
-    """On CPU fp32 every linear carries a oneDNN-prepacked weight, used from PACKED_MIN_ROWS rows on,
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_linears_are_prepacked_and_exact(qwen2_dir, dtype):
+    """On CPU every fp32 / bf16 linear carries a oneDNN-prepacked weight, used from PACKED_MIN_ROWS rows on,
     and it computes what F.linear computes (the parity tests above cover whole models)."""
     from specscale.model.loader import load_model
     from specscale.model.transformer import PACKED_MIN_ROWS, Linear, can_prepack
 
-    model = load_model(qwen2_dir, dtype="float32")
+    model = load_model(qwen2_dir, dtype=str(dtype).removeprefix("torch."))
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    packs = can_prepack(torch.device("cpu"), torch.float32)  # False only on a torch build without oneDNN
+    packs = can_prepack(torch.device("cpu"), dtype)  # False only on a torch build without oneDNN
     assert linears and all((m.packed is not None) == packs for m in linears)
-    for rows in (1, PACKED_MIN_ROWS, 40):
+    assert any(m.bias is not None for m in linears)  # qkv carries Qwen2's bias through the packed call
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    for rows in sorted({1, PACKED_MIN_ROWS[dtype], 40}):
         for m in linears[:3]:
-            x = torch.randn(rows, m.in_features)
+            x = torch.randn(rows, m.in_features, dtype=dtype)
             expected = torch.nn.functional.linear(x, m.weight, m.bias)
-            torch.testing.assert_close(m(x), expected, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(m(x), expected, rtol=tolerance, atol=tolerance)

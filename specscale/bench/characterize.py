@@ -329,7 +329,7 @@ def area_of(filename: str, function: str) -> str:
         package = filename.split("/specscale/")[-1].split("/")[0].removesuffix(".py")
         return f"specscale.{package}"
     if "specscale_cpu_kernels" in function:
-        return "specscale.model (C++ decode kernel)"
+        return "specscale.model (C++ CPU kernels)"
     if "torch" in filename or "torch" in function:
         return "torch"
     if "tokenizers" in filename or "tokenizers" in function:

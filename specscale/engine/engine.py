@@ -43,6 +43,13 @@ class SequenceOutput:
     readouts: torch.Tensor | None = None  # [positions, head_out] once a readout sequence completes
 
 
+def select_rows(head: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """head [R, out] -> its rows at the increasing indices `rows`; head itself when that is all of them."""
+    if len(rows) == head.shape[0]:
+        return head
+    return head.index_select(0, torch.tensor(rows, device=head.device))
+
+
 class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -56,7 +63,8 @@ class Engine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs,
                                    config.spare_rows)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, config.attention_backend)
-        self.sampler = Sampler(torch.Generator(device=config.device).manual_seed(config.seed))
+        self.sampler = Sampler(torch.Generator(device=config.device).manual_seed(config.seed),
+                               use_cpu_kernel=self.runner.use_cpu_kernels)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self._ids = itertools.count()
         self._arrivals = itertools.count()
@@ -186,19 +194,20 @@ class Engine:
 
     def _update(self, batch: ScheduledBatch, result: RunnerOutput | None) -> list[SequenceOutput]:
         outputs = [SequenceOutput(s.seq_id, [], s.status, s.finish_reason, s.multiplicity) for s in batch.aborted]
-        to_sample: list[tuple[ScheduledRow, torch.Tensor]] = []
+        sampling: list[Sequence] = []  # generating sequences that reached their last token, in row order
+        logit_rows: list[int] = []  # their rows of result.head
         for row, (offset, count) in zip(batch.rows, result.head_rows if result else []):
             seq = row.seq
             seq.num_computed_tokens = row.end
             seq.usage.computed_tokens += row.num_tokens
             self.block_manager.register_computed_blocks(seq)
-            head = result.head[offset : offset + count]
             if seq.is_readout:
-                outputs += self._update_readout(row, head)
+                outputs += self._update_readout(row, result.head[offset : offset + count])
             elif count:
-                to_sample.append((row, head[0]))
-        if to_sample:
-            outputs += self._sample_and_append(to_sample)
+                sampling.append(seq)
+                logit_rows.append(offset)
+        if sampling:
+            outputs += self._sample_and_append(sampling, select_rows(result.head, logit_rows))
         return outputs
 
     def _update_readout(self, row: ScheduledRow, head: torch.Tensor) -> list[SequenceOutput]:
@@ -212,13 +221,12 @@ class Engine:
         seq.status, seq.finish_reason = SequenceStatus.PAUSED, FinishReason.READOUT
         return [SequenceOutput(seq.seq_id, [], seq.status, seq.finish_reason, seq.multiplicity, readouts=readouts)]
 
-    def _sample_and_append(self, to_sample: list[tuple[ScheduledRow, torch.Tensor]]) -> list[SequenceOutput]:
-        logits = torch.stack([logit_row for _, logit_row in to_sample])  # [R, vocab]
-        rows = [self._sample_row(row.seq) for row, _ in to_sample]
-        draws = self.sampler(logits, rows)
+    def _sample_and_append(self, seqs: list[Sequence], logits: torch.Tensor) -> list[SequenceOutput]:
+        """logits [R, vocab]: row i is seqs[i]'s next-token logits."""
+        draws = self.sampler(logits, [self._sample_row(seq) for seq in seqs])
         outputs = []
-        for (row, _), tokens in zip(to_sample, draws):
-            outputs += self._append_draws(row.seq, tokens)
+        for seq, tokens in zip(seqs, draws):
+            outputs += self._append_draws(seq, tokens)
         return outputs
 
     def _sample_row(self, seq: Sequence) -> SampleRow:

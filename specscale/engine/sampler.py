@@ -7,6 +7,10 @@ Draws use the exponential race: with E_i ~ Exp(1) independent, argmax_i p_i / E_
 Categorical(p), because E_i / p_i ~ Exp(rate p_i) and the smallest of independent exponentials is
 index i with probability p_i / sum_j p_j. Filtered-out tokens have p_i = 0 and never win. E is drawn as
 -log(U), U ~ Uniform[0, 1): the same law as Tensor.exponential_, several times faster on CPU.
+
+On CPU with the C++ kernels (`use_cpu_kernel`) the race runs in one pass per draw without materialising
+U (model/csrc/cpu_kernels.cpp: race_sample): U comes from a counter-based generator keyed once per row
+and call from the row's torch generator, so seeded rows still reproduce whatever batch they are in.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from specscale.model import cpu_kernels
 
 
 @dataclass(frozen=True)
@@ -41,9 +47,13 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return torch.empty_like(logits).scatter_(-1, order, filtered)
 
 
+KEY_RANGE = 2**62  # keys of the C++ race's counter-based generator are drawn from [0, KEY_RANGE)
+
+
 class Sampler:
-    def __init__(self, generator: torch.Generator):
+    def __init__(self, generator: torch.Generator, use_cpu_kernel: bool = False):
         self.generator = generator
+        self.use_cpu_kernel = use_cpu_kernel
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[list[int]]:
         """logits [R, V] -> for each row its num_draws token ids."""
@@ -56,7 +66,8 @@ class Sampler:
                 out[i] = [token] * rows[i].num_draws
         sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
         if sampled:
-            probs = self._probabilities(logits[sampled], [rows[i] for i in sampled])  # [S, V]
+            sampled_logits = logits if len(sampled) == len(rows) else logits[sampled]  # [S, V]
+            probs = self._probabilities(sampled_logits, [rows[i] for i in sampled])  # [S, V]
             self._draw(probs, sampled, rows, out)
         return out
 
@@ -75,11 +86,25 @@ class Sampler:
         for k, i in enumerate(indices):
             by_draws.setdefault(rows[i].num_draws, []).append(k)
         for n, group in by_draws.items():
-            uniform = self._uniforms([rows[indices[k]] for k in group], n, probs.shape[-1], probs.device)  # [G, n, V]
-            noise = uniform.log_().neg_()  # E = -log(U) ~ Exp(1); U = 0 gives inf: that draw ignores the token
-            tokens = (probs[group][:, None, :] / noise).argmax(dim=-1).tolist()  # [G, n]
-            for k, drawn in zip(group, tokens):
+            group_probs = probs if len(group) == len(probs) else probs[group]  # [G, V]
+            for k, drawn in zip(group, self._race(group_probs, [rows[indices[k]] for k in group], n)):
                 out[indices[k]] = drawn
+
+    def _race(self, probs: torch.Tensor, rows: list[SampleRow], n: int) -> list[list[int]]:
+        """probs [G, V] -> n draws per row, [G][n] token ids."""
+        if self.use_cpu_kernel:
+            return cpu_kernels.race_sample(probs.contiguous(), self._keys(rows), n).tolist()
+        uniform = self._uniforms(rows, n, probs.shape[-1], probs.device)  # [G, n, V]
+        noise = uniform.log_().neg_()  # E = -log(U) ~ Exp(1); U = 0 gives inf: that draw ignores the token
+        return (probs[:, None, :] / noise).argmax(dim=-1).tolist()  # [G, n]
+
+    def _keys(self, rows: list[SampleRow]) -> torch.Tensor:
+        """One key per row for the C++ race: a seeded row's from its own generator, the others' from the
+        engine's generator in one call."""
+        shared = iter(torch.randint(KEY_RANGE, (len(rows),), generator=self.generator).tolist())
+        keys = [next(shared) if row.generator is None else int(torch.randint(KEY_RANGE, (1,), generator=row.generator))
+                for row in rows]
+        return torch.tensor(keys)
 
     def _uniforms(self, rows: list[SampleRow], n: int, vocab: int, device) -> torch.Tensor:
         """U ~ Uniform[0, 1) of shape [G, n, V]: a seeded row's from its own generator (so its draws do not

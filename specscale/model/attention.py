@@ -30,7 +30,8 @@ class AttentionMetadata:
     prefill_block_tables: [Bp, max_blocks] int32.
     prefill_mask: [Bp, 1, Lq, S] bool; True where query row i may attend key position j.
     prefill_query_index: [Tp] index of each flat prefill token in the padded [Bp * Lq] query grid.
-    use_decode_kernel: run decode rows through the C++ kernel (CPU) instead of gather + SDPA.
+    use_cpu_kernels: run the C++ CPU kernels (decode attention, residual add + RMSNorm, RoPE + KV write,
+        silu * up) instead of plain torch (gather + SDPA for decode rows).
     """
 
     slot_mapping: torch.Tensor
@@ -41,7 +42,7 @@ class AttentionMetadata:
     prefill_mask: torch.Tensor | None
     prefill_query_index: torch.Tensor | None
     prefill_query_len: int
-    use_decode_kernel: bool = False
+    use_cpu_kernels: bool = False
 
 
 def write_kv(key_cache, value_cache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -104,7 +105,7 @@ def paged_attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: f
         parts.append(
             decode_attention(
                 q[:td], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens,
-                scale, meta.use_decode_kernel,
+                scale, meta.use_cpu_kernels,
             )
         )
     if q.shape[0] > td:

@@ -40,7 +40,7 @@ class ModelRunner:
             (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(args.num_layers)
         ]
-        self.use_decode_kernel = self._choose_backend(attention_backend)
+        self.use_cpu_kernels = self._choose_backend(attention_backend)
 
     def _choose_backend(self, backend: str) -> bool:
         if backend not in ("auto", "torch", "cpp"):
@@ -86,7 +86,7 @@ class ModelRunner:
             num_decode_tokens=len(batch.decode_rows),
             **self._decode_metadata(batch.decode_rows),
             **self._prefill_metadata(batch.prefill_rows),
-            use_decode_kernel=self.use_decode_kernel,
+            use_cpu_kernels=self.use_cpu_kernels,
         )
         return torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(pos, dtype=torch.long, device=device), meta
 
@@ -98,7 +98,7 @@ class ModelRunner:
     def _decode_metadata(self, rows: list[ScheduledRow]) -> dict:
         if not rows:
             return {"decode_block_tables": None, "decode_context_lens": None}
-        dtype = torch.int32 if self.use_decode_kernel else torch.long
+        dtype = torch.int32 if self.use_cpu_kernels else torch.long
         lens = torch.tensor([row.end for row in rows], dtype=dtype, device=self.device)
         return {"decode_block_tables": self._block_tables(rows, dtype), "decode_context_lens": lens}
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specscale.model import cpu_kernels
 from specscale.model.attention import AttentionMetadata, paged_attention, write_kv
 
 
@@ -92,6 +93,16 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+@dataclass(frozen=True)
+class RopeInputs:
+    """RoPE inputs of one iteration. cos, sin: the rows of each token, [T, D] — or, for the C++ kernels
+    (AttentionMetadata.use_cpu_kernels), the whole [P, D] tables, which the kernel indexes by positions."""
+
+    positions: torch.Tensor  # [T]
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 class RotaryTable:
     """cos/sin of every position up to max_positions, computed once; rows are gathered per batch."""
 
@@ -114,41 +125,58 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-PACKED_MIN_ROWS = 8  # below this many rows F.linear is as fast or faster than the prepacked path
+# Below this many rows torch's fp32 F.linear beats the prepacked oneDNN call (whose fixed cost is ~14 us);
+# in bf16 the prepacked path wins from one row on (docs/BENCHMARKS.md, engine section).
+PACKED_MIN_ROWS = {torch.float32: 8, torch.bfloat16: 1}
 
 
 class Linear(nn.Linear):
-    """nn.Linear with an optional oneDNN-prepacked copy of its weight for CPU fp32 (`prepack()`).
+    """nn.Linear with an optional oneDNN-prepacked copy of its weight for CPU fp32 / bf16 (`prepack()`).
 
-    For the 8-128-row batches of a small model, torch's fp32 F.linear (an sgemm on the plain weight)
-    runs at a third of the speed of a oneDNN matmul on a weight laid out for it once at load time
-    (docs/BENCHMARKS.md, engine section). bf16 already goes through oneDNN, so only fp32 is packed.
+    For the 1-128-row batches of a small model, torch's F.linear runs at a third (fp32: an sgemm on the
+    plain weight) to a half (bf16: one thread) of the speed of a oneDNN matmul on a weight laid out for it
+    once at load time; the results are the same.
     """
 
     packed: torch.Tensor | None = None
+    packed_min_rows: int = 1
 
     def prepack(self, batch_size_hint: int = 64) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_size=batch_size_hint)
+        self.packed_min_rows = PACKED_MIN_ROWS[self.weight.dtype]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] -> [T, out]
-        if self.packed is not None and x.shape[0] >= PACKED_MIN_ROWS:
+        if self.packed is not None and x.shape[0] >= self.packed_min_rows:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether Linear.prepack applies: fp32 on a CPU whose torch build has oneDNN."""
-    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    """Whether Linear.prepack applies: fp32 or bf16 on a CPU whose torch build has oneDNN."""
+    return (device.type == "cpu" and dtype in PACKED_MIN_ROWS and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm with the residual add in front of it: (x, residual) -> (norm(x + residual), x + residual)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x, residual: torch.Tensor | None, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, residual: [T, h]; residual None means x is the residual stream itself.
+
+        fused: one C++ kernel (CPU), which updates `residual` in place to x + residual.
+        """
+        if fused:
+            return cpu_kernels.add_rms_norm(x, residual, self.weight, self.eps), x if residual is None else residual
+        if residual is not None:
+            x = x + residual
+        return self.normalise(x), x
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # Like the reference: normalise in fp32, round to the activation dtype, then scale.
@@ -165,14 +193,18 @@ class Attention(nn.Module):
         self.o_proj = Linear(q_size, args.hidden_size, bias=False)
         self.scale = args.head_dim**-0.5
 
-    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x, rope: RopeInputs, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)  # [T, H*D], [T, KVH*D] x2
-        q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
-        k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)  # [T, KVH, D]
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) * D]
         key_cache, value_cache = kv_cache
-        write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
+        if meta.use_cpu_kernels:
+            q = cpu_kernels.rope_write_kv(qkv, rope.positions, rope.cos, rope.sin, key_cache, value_cache,
+                                          meta.slot_mapping, self.num_heads, self.num_kv_heads)  # [T, H, D]
+        else:
+            q, k, v = qkv.split(self.split_sizes, dim=-1)  # [T, H*D], [T, KVH*D] x2
+            q = apply_rotary(q.view(t, self.num_heads, self.head_dim), rope.cos, rope.sin)  # [T, H, D]
+            k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), rope.cos, rope.sin)  # [T, KVH, D]
+            write_kv(key_cache, value_cache, k, v.view(t, self.num_kv_heads, self.head_dim), meta.slot_mapping)
         out = paged_attention(q, key_cache, value_cache, meta, self.scale)  # [T, H, D]
         return self.o_proj(out.reshape(t, -1))
 
@@ -183,8 +215,11 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
+    def forward(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        if fused:
+            return self.down_proj(cpu_kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -196,9 +231,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope: RopeInputs, kv_cache, meta: AttentionMetadata):
+        """(x, residual) -> (mlp output, residual stream before it); the caller adds the two (next norm)."""
+        fused = meta.use_cpu_kernels
+        h, residual = self.input_layernorm(x, residual, fused)
+        h = self.self_attn(h, rope, kv_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual, fused)
+        return self.mlp(h, fused), residual
 
 
 class DecoderModel(nn.Module):
@@ -210,11 +249,11 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, input_ids, cos, sin, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [T, h]
+    def forward(self, input_ids, rope: RopeInputs, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None  # [T, h]; the residual stream is x until layer 0 adds
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, kv_cache, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv_cache, meta)
+        return self.norm(x, residual, meta.use_cpu_kernels)[0]
 
 
 class TransformerForCausalLM(nn.Module):
@@ -249,8 +288,11 @@ class TransformerForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
-        cos, sin = self.rotary.lookup(positions)
-        return self.model(input_ids, cos, sin, kv_caches, meta)
+        if meta.use_cpu_kernels:  # the kernel reads each token's row of the tables itself
+            rope = RopeInputs(positions, self.rotary.cos, self.rotary.sin)
+        else:
+            rope = RopeInputs(positions, *self.rotary.lookup(positions))
+        return self.model(input_ids, rope, kv_caches, meta)
 
     def compute_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [n, vocab]

@@ -1,0 +1,524 @@
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+// ---- portable pieces --------------------------------------------------------------------------
+// Widen one K or V row to fp32 (bf16 is the top half of an fp32).
+static inline void widen(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+static inline void widen(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(raw[i]) << 16;
+    std::memcpy(dst + i, &bits, sizeof(float));
+  }
+}
+template <typename T>
+static inline void widen(const T* src, float* dst, int64_t n) {  // fp16, fp64
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// Narrow fp32 values to T (round to nearest even, as torch does).
+static inline void narrow(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+static inline uint16_t bf16_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(float));
+  if (std::isnan(value)) return 0x7FC0;
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+static inline void narrow(const float* src, c10::BFloat16* dst, int64_t n) {
+  uint16_t* raw = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) raw[i] = bf16_bits(src[i]);
+}
+template <typename T>
+static inline void narrow(const float* src, T* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+}
+
+// softmax over each head's scores in place: p_t = exp(s_t - max) / sum; returns nothing, scales later
+static void exp_normalisers(float* scores, int64_t G, int64_t ctx, int64_t stride, float* inv_sum);
+
+// ---- AVX-512 pieces: 16 lanes, D a multiple of 16 -----------------------------------------------
+#if defined(__AVX512F__)
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+template <typename T> static inline __m512 load16(const T* p) {
+  float tmp[16];
+  widen(p, tmp, 16);
+  return _mm512_loadu_ps(tmp);
+}
+// exp(x) = 2^(x log2 e): integer part through scalef, fraction by a degree-6 polynomial (rel. err ~1e-7)
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718055994531f));
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+static void exp_normalisers(float* scores, int64_t G, int64_t ctx, int64_t stride, float* inv_sum) {
+  for (int64_t j = 0; j < G; ++j) {
+    float* s = scores + j * stride;
+    const float m = *std::max_element(s, s + ctx);
+    float total = 0.f;
+    int64_t t = 0;
+#if defined(__AVX512F__)
+    __m512 sum16 = _mm512_setzero_ps();
+    const __m512 m16 = _mm512_set1_ps(m);
+    for (; t + 16 <= ctx; t += 16) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), m16));
+      _mm512_storeu_ps(s + t, e);
+      sum16 = _mm512_add_ps(sum16, e);
+    }
+    total = _mm512_reduce_add_ps(sum16);
+#endif
+    for (; t < ctx; ++t) { s[t] = std::exp(s[t] - m); total += s[t]; }
+    inv_sum[j] = 1.f / total;
+  }
+}
+
+// Row address of token position t (of this sequence) for KV head kh.
+template <typename T>
+static inline const T* kv_row(const T* cache, const int32_t* table, int64_t t, int64_t BS, int64_t KVH,
+                              int64_t kh, int64_t D) {
+  return cache + ((static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH + kh) * D;
+}
+
+// The same addresses for t = 0, 1, 2, ... in order, without a division per token.
+template <typename T>
+struct KVRowWalker {
+  const T* cache;
+  const int32_t* table;
+  int64_t BS, row_stride, head_offset, block = 0, offset = 0;  // row_stride = KVH * D elements
+  const T* next() {
+    const T* row = cache + (static_cast<int64_t>(table[block]) * BS + offset) * row_stride + head_offset;
+    if (++offset == BS) offset = 0, ++block;
+    return row;
+  }
+};
+
+// One task = one (sequence, KV head): its G query heads share every K/V row that is loaded.
+// softmax(q.K * scale) V over the context: scores first, then the weighted sum of the values.
+template <typename T>
+static void decode_task_generic(const T* q, const T* kc, const T* vc, const int32_t* table, int64_t ctx,
+                                T* out, int64_t G, int64_t D, int64_t KVH, int64_t BS, int64_t kh, float scale,
+                                std::vector<float>& work) {
+  work.resize(G * D * 2 + D + G * ctx + G);
+  float *qf = work.data(), *acc = qf + G * D, *row = acc + G * D, *scores = row + D, *inv = scores + G * ctx;
+  widen(q, qf, G * D);
+  for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
+  for (int64_t t = 0; t < ctx; ++t) {
+    widen(kv_row(kc, table, t, BS, KVH, kh, D), row, D);
+    for (int64_t j = 0; j < G; ++j) {
+      float s = 0.f;
+      for (int64_t d = 0; d < D; ++d) s += qf[j * D + d] * row[d];
+      scores[j * ctx + t] = s;
+    }
+  }
+  exp_normalisers(scores, G, ctx, ctx, inv);
+  std::fill(acc, acc + G * D, 0.f);
+  for (int64_t t = 0; t < ctx; ++t) {
+    widen(kv_row(vc, table, t, BS, KVH, kh, D), row, D);
+    for (int64_t j = 0; j < G; ++j)
+      for (int64_t d = 0; d < D; ++d) acc[j * D + d] += scores[j * ctx + t] * row[d];
+  }
+  for (int64_t j = 0; j < G; ++j)
+    for (int64_t d = 0; d < D; ++d) out[j * D + d] = static_cast<T>(acc[j * D + d] * inv[j]);
+}
+
+#if defined(__AVX512F__)
+// Lane i of the result = the sum of the 16 lanes of v[i] (a transposing reduction: 45 shuffles and adds
+// for 16 sums instead of a full horizontal reduction each).
+static inline __m512 transpose_sum16(const __m512* v) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3]
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per 128-bit chunk: the chunk's sum for each of 4 vectors
+    quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0xEE));
+  const __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
+                                   _mm512_shuffle_f32x4(quads[0], quads[1], 0xDD));
+  const __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88),
+                                    _mm512_shuffle_f32x4(quads[2], quads[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
+}
+
+// Same computation for D = 16 * L: K rows are loaded once for the G query heads, scores of 16 tokens
+// are reduced together, and each head's output accumulates in L registers over the values.
+template <typename T, int L>
+static void decode_task_avx512(const T* q, const T* kc, const T* vc, const int32_t* table, int64_t ctx,
+                               T* out, int64_t G, int64_t /*D = 16 L*/, int64_t KVH, int64_t BS, int64_t kh,
+                               float scale, std::vector<float>& work) {
+  constexpr int64_t D = 16 * L;
+  const int64_t stride = (ctx + 15) / 16 * 16;  // scores of one head, padded to whole 16-token chunks
+  work.resize(G * D + G * stride + G * 16 * 16 + G);
+  // partial: [G][16 tokens][16 lanes] dot products of one chunk before their reduction
+  float *qf = work.data(), *scores = qf + G * D, *partial = scores + G * stride, *inv = partial + G * 16 * 16;
+  widen(q, qf, G * D);
+  for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
+  KVRowWalker<T> keys{kc, table, BS, KVH * D, kh * D};
+  for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
+    const int64_t n = std::min<int64_t>(16, ctx - t0);
+    for (int64_t i = 0; i < 16; ++i) {
+      __m512 kv[L];
+      if (i < n) {
+        const T* k = keys.next();
+        for (int l = 0; l < L; ++l) kv[l] = load16(k + 16 * l);
+      } else {
+        for (int l = 0; l < L; ++l) kv[l] = _mm512_setzero_ps();  // padding tokens score 0, never read
+      }
+      for (int64_t j = 0; j < G; ++j) {
+        const float* qj = qf + j * D;
+        __m512 s = _mm512_mul_ps(_mm512_loadu_ps(qj), kv[0]);
+        for (int l = 1; l < L; ++l) s = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * l), kv[l], s);
+        _mm512_storeu_ps(partial + (j * 16 + i) * 16, s);
+      }
+    }
+    for (int64_t j = 0; j < G; ++j) {
+      __m512 rows[16];
+      for (int i = 0; i < 16; ++i) rows[i] = _mm512_loadu_ps(partial + (j * 16 + i) * 16);
+      _mm512_storeu_ps(scores + j * stride + t0, transpose_sum16(rows));
+    }
+  }
+  exp_normalisers(scores, G, ctx, stride, inv);
+  for (int64_t j = 0; j < G; ++j) {
+    __m512 acc[L];
+    for (int l = 0; l < L; ++l) acc[l] = _mm512_setzero_ps();
+    const float* p = scores + j * stride;
+    KVRowWalker<T> values{vc, table, BS, KVH * D, kh * D};
+    for (int64_t t = 0; t < ctx; ++t) {
+      const T* v = values.next();
+      const __m512 weight = _mm512_set1_ps(p[t]);
+      for (int l = 0; l < L; ++l) acc[l] = _mm512_fmadd_ps(weight, load16(v + 16 * l), acc[l]);
+    }
+    float row[D];
+    const __m512 norm = _mm512_set1_ps(inv[j]);
+    for (int l = 0; l < L; ++l) _mm512_storeu_ps(row + 16 * l, _mm512_mul_ps(acc[l], norm));
+    narrow(row, out + j * D, D);
+  }
+}
+#endif
+
+template <typename T>
+using DecodeTask = void (*)(const T*, const T*, const T*, const int32_t*, int64_t, T*, int64_t, int64_t, int64_t,
+                            int64_t, int64_t, float, std::vector<float>&);
+
+// The AVX-512 task for D = 16 L (L = 1..8 or 16), else the portable one.
+template <typename T>
+static DecodeTask<T> pick_decode_task(int64_t D) {
+#if defined(__AVX512F__)
+  switch (D) {
+    case 16: return decode_task_avx512<T, 1>;
+    case 32: return decode_task_avx512<T, 2>;
+    case 48: return decode_task_avx512<T, 3>;
+    case 64: return decode_task_avx512<T, 4>;
+    case 80: return decode_task_avx512<T, 5>;
+    case 96: return decode_task_avx512<T, 6>;
+    case 112: return decode_task_avx512<T, 7>;
+    case 128: return decode_task_avx512<T, 8>;
+    case 256: return decode_task_avx512<T, 16>;
+  }
+#endif
+  return decode_task_generic<T>;
+}
+
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor key_cache, torch::Tensor value_cache,
+                           torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+  // q [B, H, D]; caches [NB, BS, KVH, D] contiguous; block_tables [B, max_blocks] int32; context_lens [B] int32
+  q = q.contiguous();
+  block_tables = block_tables.contiguous();
+  context_lens = context_lens.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t BS = key_cache.size(1), KVH = key_cache.size(2), G = H / KVH;
+  const int64_t max_blocks = block_tables.size(1);
+  auto out = torch::empty_like(q);
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    const scalar_t* kp = key_cache.data_ptr<scalar_t>();
+    const scalar_t* vp = value_cache.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const DecodeTask<scalar_t> task_fn = pick_decode_task<scalar_t>(D);
+    at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> work;
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / KVH, kh = task % KVH;
+        const int64_t offset = (b * H + kh * G) * D;
+        task_fn(qp + offset, kp, vp, tables + b * max_blocks, lens[b], op + offset, G, D, KVH, BS, kh,
+                static_cast<float>(scale), work);
+      }
+    });
+  });
+  return out;
+}
+
+// ==== Fused elementwise kernels ===================================================================
+// Each replaces a chain of small torch ops whose per-call overhead dominates a decode iteration of a
+// small model. They compute in fp32 and round to the activation dtype T exactly where the plain-torch
+// path (model/transformer.py) rounds, so both paths agree to the last bit in fp32 and to about one
+// unit in the last place in bf16/fp16 (where only the order of a sum may differ).
+
+// Round fp32 values in place to what T can hold (a no-op for fp32): the rounding of one torch op in T.
+template <typename T>
+static inline void round_to(float* values, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(bf16_bits(values[i])) << 16;
+      std::memcpy(values + i, &bits, sizeof(float));
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(static_cast<T>(values[i]));
+}
+
+// residual' = x + residual (rounded to T), out = weight * rms_norm(residual'):
+//   fp32: x * rsqrt(mean(x^2) + eps) * w;  bf16/fp16: normalise in fp32, round to T, then scale by w.
+// Without a residual, residual' is x itself. The residual is updated in place.
+torch::Tensor add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor weight,
+                           double eps) {
+  // x, residual [T, h] contiguous; weight [h]
+  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "add_rms_norm: contiguous inputs expected");
+  const int64_t rows = x.size(0), h = x.size(1);
+  auto out = torch::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* rp = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
+    const scalar_t* wp = weight.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(h), w(h), other(h);
+      widen(wp, w.data(), h);
+      for (int64_t r = begin; r < end; ++r) {
+        widen(xp + r * h, row.data(), h);
+        if (rp != nullptr) {
+          widen(rp + r * h, other.data(), h);
+          for (int64_t i = 0; i < h; ++i) row[i] += other[i];
+          round_to<scalar_t>(row.data(), h);
+          narrow(row.data(), rp + r * h, h);
+        }
+        float sum = 0.f;
+        for (int64_t i = 0; i < h; ++i) sum += row[i] * row[i];
+        const float inv_rms = 1.f / std::sqrt(sum / static_cast<float>(h) + static_cast<float>(eps));
+        for (int64_t i = 0; i < h; ++i) row[i] *= inv_rms;
+        round_to<scalar_t>(row.data(), h);
+        for (int64_t i = 0; i < h; ++i) row[i] *= w[i];
+        narrow(row.data(), op + r * h, h);
+      }
+    });
+  });
+  return out;
+}
+
+// Rotate-half RoPE of one head in fp32 with T's roundings: y = x*cos + rotate_half(x)*sin, where
+// rotate_half(x) = [-x[half:], x[:half]].
+template <typename T>
+static inline void rotate_head(float* x, const float* cos, const float* sin, int64_t D, float* a, float* b) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < D; ++i) {
+    const float rotated = i < half ? -x[i + half] : x[i - half];
+    a[i] = x[i] * cos[i];
+    b[i] = rotated * sin[i];
+  }
+  round_to<T>(a, D);
+  round_to<T>(b, D);
+  for (int64_t i = 0; i < D; ++i) x[i] = a[i] + b[i];
+}
+
+// From the fused qkv projection [T, (H + 2 KVH) * D]: rotate q and k at each token's position, write
+// k and v into their cache slots, return q [T, H, D].
+torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos_table,
+                            torch::Tensor sin_table, torch::Tensor key_cache, torch::Tensor value_cache,
+                            torch::Tensor slot_mapping, int64_t H, int64_t KVH) {
+  // positions, slot_mapping [T] int64; cos/sin tables [P, D]; caches [NB, BS, KVH, D] contiguous
+  TORCH_CHECK(qkv.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(),
+              "rope_write_kv: contiguous inputs expected");
+  positions = positions.contiguous();
+  slot_mapping = slot_mapping.contiguous();
+  const int64_t tokens = qkv.size(0), D = cos_table.size(1), width = qkv.size(1);
+  TORCH_CHECK(width == (H + 2 * KVH) * D, "rope_write_kv: qkv width does not match the heads");
+  auto q = torch::empty({tokens, H, D}, qkv.options());
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_write_kv", [&] {
+    const scalar_t* in = qkv.data_ptr<scalar_t>();
+    const scalar_t* cp = cos_table.data_ptr<scalar_t>();
+    const scalar_t* sp = sin_table.data_ptr<scalar_t>();
+    scalar_t* kc = key_cache.data_ptr<scalar_t>();
+    scalar_t* vc = value_cache.data_ptr<scalar_t>();
+    scalar_t* qp = q.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
+      std::vector<float> cos(D), sin(D), head(D), a(D), b(D);
+      for (int64_t t = begin; t < end; ++t) {
+        widen(cp + pos[t] * D, cos.data(), D);
+        widen(sp + pos[t] * D, sin.data(), D);
+        const scalar_t* row = in + t * width;
+        for (int64_t h = 0; h < H + KVH; ++h) {  // q heads, then k heads
+          widen(row + h * D, head.data(), D);
+          rotate_head<scalar_t>(head.data(), cos.data(), sin.data(), D, a.data(), b.data());
+          scalar_t* dst = h < H ? qp + (t * H + h) * D : kc + (slots[t] * KVH + (h - H)) * D;
+          narrow(head.data(), dst, D);
+        }
+        std::memcpy(vc + slots[t] * KVH * D, row + (H + KVH) * D, KVH * D * sizeof(scalar_t));
+      }
+    });
+  });
+  return q;
+}
+
+// silu(gate) * up from the fused gate_up projection [T, 2I] -> [T, I]; silu(x) = x / (1 + exp(-x)),
+// rounded to T before the product, as F.silu(gate) * up rounds.
+template <typename T>
+static void silu_mul_row(const T* gate_up, T* out, int64_t I, float* gate, float* up) {
+  widen(gate_up, gate, I);
+  widen(gate_up + I, up, I);
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= I; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    _mm512_storeu_ps(gate + i, _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+  }
+#endif
+  for (; i < I; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i]));
+  round_to<T>(gate, I);
+  for (int64_t j = 0; j < I; ++j) gate[j] *= up[j];
+  narrow(gate, out, I);
+}
+
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(1) % 2 == 0, "silu_mul: contiguous [T, 2I] expected");
+  const int64_t rows = gate_up.size(0), I = gate_up.size(1) / 2;
+  auto out = torch::empty({rows, I}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
+    const scalar_t* in = gate_up.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+      std::vector<float> gate(I), up(I);
+      for (int64_t r = begin; r < end; ++r) silu_mul_row<scalar_t>(in + r * 2 * I, op + r * I, I, gate.data(), up.data());
+    });
+  });
+  return out;
+}
+
+// ==== Sampling: the exponential race in one pass ===================================================
+// token = argmax_i p_i / E_i with E_i = -log(U_i) ~ Exp(1) (engine/sampler.py states why this draws from p).
+// U_i comes from a counter-based generator: the top 24 bits of SplitMix64(key + c * golden) for counter
+// c = draw * V + i, mapped to (k + 0.5) / 2^24, so U is never 0 or 1 and has float32's resolution.
+static constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+static inline uint64_t splitmix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static inline float uniform_of(uint64_t bits) { return (static_cast<float>(bits >> 40) + 0.5f) * 0x1p-24f; }
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+static inline __m512i splitmix64_8(__m512i z) {
+  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), _mm512_set1_epi64(0xBF58476D1CE4E5B9ll));
+  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), _mm512_set1_epi64(0x94D049BB133111EBll));
+  return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+}
+// 16 uniforms for counters c0 .. c0 + 15
+static inline __m512 uniform16(uint64_t key, uint64_t c0) {
+  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i golden = _mm512_set1_epi64(static_cast<long long>(kGolden));
+  const __m512i base = _mm512_set1_epi64(static_cast<long long>(key + c0 * kGolden));
+  const __m512i low = _mm512_add_epi64(base, _mm512_mullo_epi64(lane, golden));
+  const __m512i high = _mm512_add_epi64(low, _mm512_set1_epi64(static_cast<long long>(8 * kGolden)));
+  const __m256 u_low = _mm512_cvtepi64_ps(_mm512_srli_epi64(splitmix64_8(low), 40));
+  const __m256 u_high = _mm512_cvtepi64_ps(_mm512_srli_epi64(splitmix64_8(high), 40));
+  const __m512 k = _mm512_insertf32x8(_mm512_castps256_ps512(u_low), u_high, 1);
+  return _mm512_mul_ps(_mm512_add_ps(k, _mm512_set1_ps(0.5f)), _mm512_set1_ps(0x1p-24f));
+}
+// log(x) for x in (0, 1]: x = m 2^e with m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(s), s = (m-1)/(m+1),
+// by its series to s^9 (|s| <= 0.172: relative error ~1e-9 before float rounding).
+static inline __m512 log16(__m512 x) {
+  __m512 e = _mm512_getexp_ps(x);
+  __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
+  const __mmask16 big = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356f), _CMP_GT_OQ);
+  m = _mm512_mask_mul_ps(m, big, m, _mm512_set1_ps(0.5f));
+  e = _mm512_mask_add_ps(e, big, e, _mm512_set1_ps(1.f));
+  const __m512 s = _mm512_div_ps(_mm512_sub_ps(m, _mm512_set1_ps(1.f)), _mm512_add_ps(m, _mm512_set1_ps(1.f)));
+  const __m512 s2 = _mm512_mul_ps(s, s);
+  __m512 poly = _mm512_set1_ps(2.f / 9);
+  poly = _mm512_fmadd_ps(poly, s2, _mm512_set1_ps(2.f / 7));
+  poly = _mm512_fmadd_ps(poly, s2, _mm512_set1_ps(2.f / 5));
+  poly = _mm512_fmadd_ps(poly, s2, _mm512_set1_ps(2.f / 3));
+  poly = _mm512_fmadd_ps(poly, s2, _mm512_set1_ps(2.f));
+  return _mm512_fmadd_ps(e, _mm512_set1_ps(0.69314718055994531f), _mm512_mul_ps(poly, s));
+}
+#endif
+
+// One draw from probs[0..V): the index of the largest p_i / E_i.
+static int64_t race_one(const float* probs, int64_t V, uint64_t key, uint64_t c0) {
+  float best = -1.f;
+  int64_t best_index = 0, i = 0;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  __m512 best16 = _mm512_set1_ps(-1.f);
+  __m512i index16 = _mm512_setzero_si512(), at = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (; i + 16 <= V; i += 16) {
+    const __m512 exponential = _mm512_sub_ps(_mm512_setzero_ps(), log16(uniform16(key, c0 + i)));
+    const __m512 ratio = _mm512_div_ps(_mm512_loadu_ps(probs + i), exponential);
+    const __mmask16 better = _mm512_cmp_ps_mask(ratio, best16, _CMP_GT_OQ);
+    best16 = _mm512_mask_mov_ps(best16, better, ratio);
+    index16 = _mm512_mask_mov_epi32(index16, better, at);
+    at = _mm512_add_epi32(at, _mm512_set1_epi32(16));
+  }
+  float lanes[16];
+  int32_t indices[16];
+  _mm512_storeu_ps(lanes, best16);
+  _mm512_storeu_si512(indices, index16);
+  for (int l = 0; l < 16; ++l)
+    if (lanes[l] > best || (lanes[l] == best && indices[l] < best_index)) best = lanes[l], best_index = indices[l];
+#endif
+  for (; i < V; ++i) {
+    const float ratio = probs[i] / -std::log(uniform_of(splitmix64(key + (c0 + i) * kGolden)));
+    if (ratio > best) best = ratio, best_index = i;
+  }
+  return best_index;
+}
+
+torch::Tensor race_sample(torch::Tensor probs, torch::Tensor keys, int64_t num_draws) {
+  // probs [S, V] float32 (rows sum to 1, filtered tokens 0); keys [S] int64 -> tokens [S, num_draws] int64
+  TORCH_CHECK(probs.scalar_type() == at::kFloat && probs.is_contiguous(), "race_sample: contiguous float32 probs");
+  keys = keys.contiguous();
+  const int64_t rows = probs.size(0), V = probs.size(1);
+  auto tokens = torch::empty({rows, num_draws}, keys.options());
+  const float* pp = probs.data_ptr<float>();
+  const int64_t* kp = keys.data_ptr<int64_t>();
+  int64_t* tp = tokens.data_ptr<int64_t>();
+  at::parallel_for(0, rows * num_draws, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / num_draws, draw = task % num_draws;
+      tp[task] = race_one(pp + r * V, V, static_cast<uint64_t>(kp[r]), static_cast<uint64_t>(draw * V));
+    }
+  });
+  return tokens;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
+  m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (CPU)");
+  m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k + KV cache write (CPU)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up (CPU)");
+  m.def("race_sample", &race_sample, "exponential-race sampling with a counter-based generator (CPU)");
+}

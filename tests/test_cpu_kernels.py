@@ -1,0 +1,61 @@
+"""The fused C++ CPU kernels compute what the plain-torch path of model/transformer.py computes."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specscale.model import cpu_kernels
+from specscale.model.attention import write_kv
+from specscale.model.transformer import RMSNorm, apply_rotary
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the torch path is used")
+
+# fp32: same roundings, so equal up to the order of a sum; bf16: within one unit in the last place
+TOLERANCE = {torch.float32: dict(rtol=1e-6, atol=1e-6), torch.bfloat16: dict(rtol=2**-7, atol=2**-7)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rms_norm_matches_torch(dtype, with_residual):
+    torch.manual_seed(0)
+    norm = RMSNorm(40, 1e-6).to(dtype)  # 40: not a multiple of 16
+    norm.weight.data = torch.randn(40).to(dtype)
+    x = torch.randn(37, 40).to(dtype)
+    residual = torch.randn(37, 40).to(dtype) if with_residual else None
+    expected, expected_residual = norm(x, None if residual is None else residual.clone(), fused=False)
+    out, new_residual = norm(x, residual, fused=True)
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+    torch.testing.assert_close(new_residual, expected_residual, rtol=0, atol=0)  # one rounded add
+    if with_residual:
+        assert new_residual is residual  # updated in place
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [16, 24])
+def test_rope_write_kv_matches_torch(dtype, head_dim):
+    torch.manual_seed(0)
+    heads, kv_heads, tokens, positions_max = 6, 2, 11, 50
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim).to(dtype)
+    positions = torch.randint(0, positions_max, (tokens,))
+    angles = torch.rand(positions_max, head_dim // 2) * 6.3
+    cos, sin = torch.cat([angles, angles], -1).cos().to(dtype), torch.cat([angles, angles], -1).sin().to(dtype)
+    slots = torch.randperm(8 * 4)[:tokens]
+    caches = [torch.zeros(8, 4, kv_heads, head_dim, dtype=dtype) for _ in range(4)]
+    q = cpu_kernels.rope_write_kv(qkv, positions, cos, sin, caches[0], caches[1], slots, heads, kv_heads)
+    q_ref, k_ref, v_ref = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q_ref = apply_rotary(q_ref.view(tokens, heads, head_dim), cos[positions], sin[positions])
+    k_ref = apply_rotary(k_ref.view(tokens, kv_heads, head_dim), cos[positions], sin[positions])
+    write_kv(caches[2], caches[3], k_ref, v_ref.reshape(tokens, kv_heads, head_dim), slots)
+    assert torch.equal(q, q_ref)  # same products, same roundings, in the same order
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("intermediate", [64, 40])  # 40: the scalar tail after the 16-lane loop
+def test_silu_mul_matches_torch(dtype, intermediate):
+    torch.manual_seed(0)
+    gate_up = (torch.randn(9, 2 * intermediate) * 6).to(dtype)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -87.5])  # saturated and zero inputs
+    gate, up = gate_up.chunk(2, dim=-1)
+    expected = F.silu(gate) * up
+    torch.testing.assert_close(cpu_kernels.silu_mul(gate_up), expected, **TOLERANCE[dtype])
