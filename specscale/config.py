@@ -10,8 +10,8 @@ class EngineConfig:
     """How one engine (a model, its KV pool and its scheduler) is set up.
 
     model: a local Hugging Face folder (config.json, *.safetensors, tokenizer files).
-    dtype: "float32", "bfloat16" or "float16"; "auto" takes the checkpoint's dtype on CUDA and
-        float32 on CPU for generators.
+    dtype: "float32", "bfloat16" or "float16"; "auto" takes the checkpoint's dtype (config.json
+        `torch_dtype` / `dtype`; float32 when it names none).
     block_size: tokens per KV block.
     num_kv_blocks: KV pool size in blocks; None sizes it from kv_cache_memory_gb.
     max_num_batched_tokens: token budget of one iteration (decode rows + prefill chunks).

@@ -59,3 +59,22 @@ def test_silu_mul_matches_torch(dtype, intermediate):
     gate, up = gate_up.chunk(2, dim=-1)
     expected = F.silu(gate) * up
     torch.testing.assert_close(cpu_kernels.silu_mul(gate_up), expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("head_dim", [64, 48])  # 64: q.k on bf16 pairs; 48 (odd number of 16-lane rows): widened
+def test_bf16_decode_attention_matches_fp32_reference(head_dim):
+    torch.manual_seed(0)
+    heads, kv_heads, block_size, num_blocks = 8, 2, 16, 40
+    context_lens = torch.tensor([1, 17, 40, 95], dtype=torch.int32)  # partial chunks of 16 and blocks
+    key_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(torch.bfloat16)
+    value_cache = torch.randn_like(key_cache)
+    tables = torch.randperm(num_blocks)[:4 * 7].view(4, 7).to(torch.int32)
+    q = torch.randn(4, heads, head_dim).to(torch.bfloat16)
+    out = cpu_kernels.paged_decode_attention(q, key_cache, value_cache, tables, context_lens, head_dim**-0.5)
+    for b, length in enumerate(context_lens.tolist()):
+        slots = [tables[b, p // block_size].item() * block_size + p % block_size for p in range(length)]
+        k = key_cache.view(-1, kv_heads, head_dim)[slots].float().repeat_interleave(heads // kv_heads, dim=1)
+        v = value_cache.view(-1, kv_heads, head_dim)[slots].float().repeat_interleave(heads // kv_heads, dim=1)
+        weights = (torch.einsum("hd,thd->ht", q[b].float(), k) * head_dim**-0.5).softmax(-1)  # [H, ctx]
+        expected = torch.einsum("ht,thd->hd", weights, v)
+        torch.testing.assert_close(out[b].float(), expected, rtol=0, atol=1e-2)  # one bf16 rounding of the output

@@ -160,8 +160,19 @@ static inline __m512 transpose_sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
 }
 
+#if defined(__AVX512BF16__)
+// q.k over D = 32 M bf16 values: products of bf16 pairs are exact in fp32, summed in fp32 (vdpbf16ps).
+template <int M>
+static inline __m512 dot_bf16(const c10::BFloat16* q, const __m512bh* k) {
+  __m512 s = _mm512_setzero_ps();
+  for (int m = 0; m < M; ++m) s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(q + 32 * m), k[m]);
+  return s;
+}
+#endif
+
 // Same computation for D = 16 * L: K rows are loaded once for the G query heads, scores of 16 tokens
-// are reduced together, and each head's output accumulates in L registers over the values.
+// are reduced together, and each head's output accumulates in L registers over the values. In bf16
+// with an even L, q.k is taken on the bf16 pairs directly (no widening of K) and scaled after the sum.
 template <typename T, int L>
 static void decode_task_avx512(const T* q, const T* kc, const T* vc, const int32_t* table, int64_t ctx,
                                T* out, int64_t G, int64_t /*D = 16 L*/, int64_t KVH, int64_t BS, int64_t kh,
@@ -171,12 +182,32 @@ static void decode_task_avx512(const T* q, const T* kc, const T* vc, const int32
   work.resize(G * D + G * stride + G * 16 * 16 + G);
   // partial: [G][16 tokens][16 lanes] dot products of one chunk before their reduction
   float *qf = work.data(), *scores = qf + G * D, *partial = scores + G * stride, *inv = partial + G * 16 * 16;
-  widen(q, qf, G * D);
-  for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
+#if defined(__AVX512BF16__)
+  constexpr bool pairs = std::is_same_v<T, c10::BFloat16> && L % 2 == 0;
+#else
+  constexpr bool pairs = false;
+#endif
+  if constexpr (!pairs) {
+    widen(q, qf, G * D);
+    for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
+  }
   KVRowWalker<T> keys{kc, table, BS, KVH * D, kh * D};
+  const __m512 score_scale = _mm512_set1_ps(pairs ? scale : 1.f);
   for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
     const int64_t n = std::min<int64_t>(16, ctx - t0);
-    for (int64_t i = 0; i < 16; ++i) {
+#if defined(__AVX512BF16__)
+    if constexpr (pairs) {
+      for (int64_t i = 0; i < 16; ++i) {
+        __m512bh kb[L / 2];
+        const T* k = i < n ? keys.next() : nullptr;
+        for (int m = 0; m < L / 2; ++m)  // padding tokens score 0, never read
+          kb[m] = (__m512bh)(k != nullptr ? _mm512_loadu_si512(k + 32 * m) : _mm512_setzero_si512());
+        for (int64_t j = 0; j < G; ++j)
+          _mm512_storeu_ps(partial + (j * 16 + i) * 16, dot_bf16<L / 2>(reinterpret_cast<const c10::BFloat16*>(q) + j * D, kb));
+      }
+    }
+#endif
+    for (int64_t i = 0; i < 16 && !pairs; ++i) {
       __m512 kv[L];
       if (i < n) {
         const T* k = keys.next();
@@ -194,7 +225,7 @@ static void decode_task_avx512(const T* q, const T* kc, const T* vc, const int32
     for (int64_t j = 0; j < G; ++j) {
       __m512 rows[16];
       for (int i = 0; i < 16; ++i) rows[i] = _mm512_loadu_ps(partial + (j * 16 + i) * 16);
-      _mm512_storeu_ps(scores + j * stride + t0, transpose_sum16(rows));
+      _mm512_storeu_ps(scores + j * stride + t0, _mm512_mul_ps(transpose_sum16(rows), score_scale));
     }
   }
   exp_normalisers(scores, G, ctx, stride, inv);
