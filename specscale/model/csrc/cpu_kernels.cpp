@@ -160,6 +160,35 @@ static inline __m512 transpose_sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
 }
 
+#if defined(__AVX512F__)
+// out[h] = inv[h] * sum_t p[h][t] V[t] for HEADS query heads at once (D = 16 L): each V row is widened
+// once for all of them and every head's output accumulates in registers.
+template <typename T, int L, int HEADS>
+static void weighted_values(const T* vc, const int32_t* table, int64_t ctx, int64_t BS, int64_t row_stride,
+                            int64_t head_offset, const float* p, int64_t stride, const float* inv, T* out) {
+  constexpr int64_t D = 16 * L;
+  __m512 acc[HEADS][L];
+  for (int h = 0; h < HEADS; ++h)
+    for (int l = 0; l < L; ++l) acc[h][l] = _mm512_setzero_ps();
+  KVRowWalker<T> values{vc, table, BS, row_stride, head_offset};
+  for (int64_t t = 0; t < ctx; ++t) {
+    const T* v = values.next();
+    __m512 row[L];
+    for (int l = 0; l < L; ++l) row[l] = load16(v + 16 * l);
+    for (int h = 0; h < HEADS; ++h) {
+      const __m512 weight = _mm512_set1_ps(p[h * stride + t]);
+      for (int l = 0; l < L; ++l) acc[h][l] = _mm512_fmadd_ps(weight, row[l], acc[h][l]);
+    }
+  }
+  for (int h = 0; h < HEADS; ++h) {
+    float result[D];
+    const __m512 norm = _mm512_set1_ps(inv[h]);
+    for (int l = 0; l < L; ++l) _mm512_storeu_ps(result + 16 * l, _mm512_mul_ps(acc[h][l], norm));
+    narrow(result, out + h * D, D);
+  }
+}
+#endif
+
 #if defined(__AVX512BF16__)
 // q.k over D = 32 M bf16 values: products of bf16 pairs are exact in fp32, summed in fp32 (vdpbf16ps).
 template <int M>
@@ -229,21 +258,12 @@ static void decode_task_avx512(const T* q, const T* kc, const T* vc, const int32
     }
   }
   exp_normalisers(scores, G, ctx, stride, inv);
-  for (int64_t j = 0; j < G; ++j) {
-    __m512 acc[L];
-    for (int l = 0; l < L; ++l) acc[l] = _mm512_setzero_ps();
-    const float* p = scores + j * stride;
-    KVRowWalker<T> values{vc, table, BS, KVH * D, kh * D};
-    for (int64_t t = 0; t < ctx; ++t) {
-      const T* v = values.next();
-      const __m512 weight = _mm512_set1_ps(p[t]);
-      for (int l = 0; l < L; ++l) acc[l] = _mm512_fmadd_ps(weight, load16(v + 16 * l), acc[l]);
-    }
-    float row[D];
-    const __m512 norm = _mm512_set1_ps(inv[j]);
-    for (int l = 0; l < L; ++l) _mm512_storeu_ps(row + 16 * l, _mm512_mul_ps(acc[l], norm));
-    narrow(row, out + j * D, D);
-  }
+  int64_t j = 0;
+  if constexpr (L <= 8)  // two heads' accumulators (2 L registers) and a V row (L) fit in 32 registers
+    for (; j + 2 <= G; j += 2)
+      weighted_values<T, L, 2>(vc, table, ctx, BS, KVH * D, kh * D, scores + j * stride, stride, inv + j, out + j * D);
+  for (; j < G; ++j)
+    weighted_values<T, L, 1>(vc, table, ctx, BS, KVH * D, kh * D, scores + j * stride, stride, inv + j, out + j * D);
 }
 #endif
 
