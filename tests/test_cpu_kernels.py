@@ -78,3 +78,29 @@ def test_bf16_decode_attention_matches_fp32_reference(head_dim):
         weights = (torch.einsum("hd,thd->ht", q[b].float(), k) * head_dim**-0.5).softmax(-1)  # [H, ctx]
         expected = torch.einsum("ht,thd->hd", weights, v)
         torch.testing.assert_close(out[b].float(), expected, rtol=0, atol=1e-2)  # one bf16 rounding of the output
+
+
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 64), (torch.bfloat16, 48), (torch.float32, 32)])
+def test_prefill_attention_matches_causal_reference(dtype, head_dim):
+    """Chunks of new tokens on top of cached contexts (0, 5, 40 tokens; 16-key blocks cut mid-chunk)."""
+    torch.manual_seed(0)
+    heads, kv_heads, block_size, num_blocks = 6, 2, 16, 40
+    starts, counts = torch.tensor([0, 5, 40]), torch.tensor([7, 20, 33])
+    key_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    value_cache = torch.randn_like(key_cache)
+    tables = torch.randperm(num_blocks)[:3 * 6].view(3, 6).to(torch.int32)
+    q = torch.randn(int(counts.sum()), heads, head_dim).to(dtype)
+    out = cpu_kernels.paged_prefill_attention(q, key_cache, value_cache, tables, starts, counts, head_dim**-0.5)
+    first = 0
+    for b, (start, count) in enumerate(zip(starts.tolist(), counts.tolist())):
+        total = start + count
+        slots = [tables[b, p // block_size].item() * block_size + p % block_size for p in range(total)]
+        k = key_cache.view(-1, kv_heads, head_dim)[slots].float().repeat_interleave(heads // kv_heads, dim=1)
+        v = value_cache.view(-1, kv_heads, head_dim)[slots].float().repeat_interleave(heads // kv_heads, dim=1)
+        queries = q[first:first + count].float()  # [n, H, D] at positions start .. total - 1
+        scores = torch.einsum("qhd,khd->hqk", queries, k) * head_dim**-0.5
+        causal = torch.arange(total)[None, :] > (torch.arange(count) + start)[:, None]  # [n, total]
+        expected = torch.einsum("hqk,khd->qhd", scores.masked_fill(causal, float("-inf")).softmax(-1), v)
+        tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5  # bf16: one rounding of the output
+        torch.testing.assert_close(out[first:first + count].float(), expected, rtol=0, atol=tolerance)
+        first += count

@@ -27,11 +27,14 @@ class AttentionMetadata:
     num_decode_tokens: Td, the number of decode sequences (one token each).
     decode_block_tables: [Td, max_blocks] int32, padded with 0 (never read past context_lens).
     decode_context_lens: [Td] int32, tokens each decode row attends to (including itself).
-    prefill_block_tables: [Bp, max_blocks] int32.
-    prefill_mask: [Bp, 1, Lq, S] bool; True where query row i may attend key position j.
-    prefill_query_index: [Tp] index of each flat prefill token in the padded [Bp * Lq] query grid.
+    prefill_block_tables: [Bp, max_blocks] (int32 for the prefill kernel, int64 for the torch path).
+    prefill_mask: [Bp, 1, Lq, S] bool; True where query row i may attend key position j (torch path).
+    prefill_query_index: [Tp] index of each flat prefill token in the padded [Bp * Lq] query grid (torch path).
+    prefill_starts, prefill_counts: [Bp] int64 first position and number of new tokens per prefill sequence
+        (prefill kernel).
     use_cpu_kernels: run the C++ CPU kernels (decode attention, residual add + RMSNorm, RoPE + KV write,
         silu * up) instead of plain torch (gather + SDPA for decode rows).
+    use_prefill_kernel: prefill rows through the C++ paged prefill kernel instead of a padded SDPA.
     """
 
     slot_mapping: torch.Tensor
@@ -42,7 +45,10 @@ class AttentionMetadata:
     prefill_mask: torch.Tensor | None
     prefill_query_index: torch.Tensor | None
     prefill_query_len: int
+    prefill_starts: torch.Tensor | None = None
+    prefill_counts: torch.Tensor | None = None
     use_cpu_kernels: bool = False
+    use_prefill_kernel: bool = False
 
 
 def write_kv(key_cache, value_cache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -86,7 +92,10 @@ def decode_attention(q, key_cache, value_cache, block_tables, context_lens, scal
 
 
 def prefill_attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [Tp, H, D] flat prefill tokens -> [Tp, H, D], through a padded [Bp, Lq] query grid."""
+    """q [Tp, H, D] flat prefill tokens -> [Tp, H, D], through a padded [Bp, Lq] query grid (or the kernel)."""
+    if meta.use_prefill_kernel:
+        return cpu_kernels.paged_prefill_attention(q, key_cache, value_cache, meta.prefill_block_tables,
+                                                   meta.prefill_starts, meta.prefill_counts, scale)
     bp = meta.prefill_block_tables.shape[0]
     tp, h, d = q.shape
     grid = q.new_zeros(bp * meta.prefill_query_len, h, d)

@@ -41,6 +41,7 @@ class ModelRunner:
             for _ in range(args.num_layers)
         ]
         self.use_cpu_kernels = self._choose_backend(attention_backend)
+        self.use_prefill_kernel = self.use_cpu_kernels and cpu_kernels.has_prefill_kernel(args.head_dim)
 
     def _choose_backend(self, backend: str) -> bool:
         if backend not in ("auto", "torch", "cpp"):
@@ -87,6 +88,7 @@ class ModelRunner:
             **self._decode_metadata(batch.decode_rows),
             **self._prefill_metadata(batch.prefill_rows),
             use_cpu_kernels=self.use_cpu_kernels,
+            use_prefill_kernel=self.use_prefill_kernel,
         )
         return torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(pos, dtype=torch.long, device=device), meta
 
@@ -105,6 +107,15 @@ class ModelRunner:
     def _prefill_metadata(self, rows: list[ScheduledRow]) -> dict:
         if not rows:
             return {"prefill_block_tables": None, "prefill_mask": None, "prefill_query_index": None, "prefill_query_len": 0}
+        if self.use_prefill_kernel:  # the kernel masks causally itself: no padded grid, no mask
+            return {
+                "prefill_block_tables": self._block_tables(rows, torch.int32),
+                "prefill_mask": None,
+                "prefill_query_index": None,
+                "prefill_query_len": 0,
+                "prefill_starts": torch.tensor([row.start for row in rows], device=self.device),
+                "prefill_counts": torch.tensor([row.num_tokens for row in rows], device=self.device),
+            }
         tables = self._block_tables(rows, torch.long)  # [Bp, nb]
         query_len = max(row.num_tokens for row in rows)
         device = self.device

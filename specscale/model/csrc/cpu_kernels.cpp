@@ -76,9 +76,16 @@ static inline __m512 exp16(__m512 x) {
 static void exp_normalisers(float* scores, int64_t G, int64_t ctx, int64_t stride, float* inv_sum) {
   for (int64_t j = 0; j < G; ++j) {
     float* s = scores + j * stride;
-    const float m = *std::max_element(s, s + ctx);
-    float total = 0.f;
+    float m = -INFINITY;
     int64_t t = 0;
+#if defined(__AVX512F__)
+    __m512 max16 = _mm512_set1_ps(-INFINITY);
+    for (; t + 16 <= ctx; t += 16) max16 = _mm512_max_ps(max16, _mm512_loadu_ps(s + t));
+    m = _mm512_reduce_max_ps(max16);
+#endif
+    for (; t < ctx; ++t) m = std::max(m, s[t]);
+    float total = 0.f;
+    t = 0;
 #if defined(__AVX512F__)
     __m512 sum16 = _mm512_setzero_ps();
     const __m512 m16 = _mm512_set1_ps(m);
@@ -315,6 +322,192 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor key_cache, torch::Tens
         const int64_t offset = (b * H + kh * G) * D;
         task_fn(qp + offset, kp, vp, tables + b * max_blocks, lens[b], op + offset, G, D, KVH, BS, kh,
                 static_cast<float>(scale), work);
+      }
+    });
+  });
+  return out;
+}
+
+// ==== Paged prefill attention (AVX-512) ============================================================
+// One task = one (sequence, KV head): its new tokens (positions start .. start + n - 1) attend causally to
+// the cached context plus themselves, all already in the paged cache. The task lays out the K rows it needs
+// once, transposed in 16-key blocks (so a query's scores for 16 keys come out in one register without a
+// horizontal sum), and the V rows widened to fp32; then each query row (token, head) computes its scores,
+// a softmax over its keys 0 .. its position, and the weighted sum of the values.
+#if defined(__AVX512F__)
+// HEADS query rows of one token (same visible keys): scores against the transposed K blocks, softmax, and
+// the weighted sum of the widened values; every K word and V row loaded once serves all HEADS rows.
+template <typename T, int L, int HEADS>
+static void prefill_rows(const T* query, const float* transposed, const float* values, int64_t visible, float scale,
+                         float* scores, float* qf, T* out) {
+  constexpr int64_t D = 16 * L;
+#if defined(__AVX512BF16__)
+  constexpr bool pairs = std::is_same_v<T, c10::BFloat16> && L % 2 == 0;
+#else
+  constexpr bool pairs = false;
+#endif
+  constexpr int64_t lanes_per_key = pairs ? D / 2 : D;
+  const int64_t blocks = (visible + 15) / 16, stride = blocks * 16;
+  if constexpr (!pairs) widen(query, qf, HEADS * D);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* block = transposed + b * lanes_per_key * 16;
+    __m512 s[HEADS][2];  // two independent sums per head: one chain would wait on each add
+    for (int h = 0; h < HEADS; ++h) s[h][0] = s[h][1] = _mm512_setzero_ps();
+    for (int64_t w = 0; w < lanes_per_key; w += 2) {
+      const __m512 k0 = _mm512_loadu_ps(block + w * 16), k1 = _mm512_loadu_ps(block + (w + 1) * 16);
+      for (int h = 0; h < HEADS; ++h) {
+#if defined(__AVX512BF16__)
+        if constexpr (pairs) {
+          const int32_t* qw = reinterpret_cast<const int32_t*>(query + h * D);
+          s[h][0] = _mm512_dpbf16_ps(s[h][0], (__m512bh)_mm512_set1_epi32(qw[w]), (__m512bh)k0);
+          s[h][1] = _mm512_dpbf16_ps(s[h][1], (__m512bh)_mm512_set1_epi32(qw[w + 1]), (__m512bh)k1);
+        }
+#endif
+        if constexpr (!pairs) {
+          s[h][0] = _mm512_fmadd_ps(_mm512_set1_ps(qf[h * D + w]), k0, s[h][0]);
+          s[h][1] = _mm512_fmadd_ps(_mm512_set1_ps(qf[h * D + w + 1]), k1, s[h][1]);
+        }
+      }
+    }
+    for (int h = 0; h < HEADS; ++h)
+      _mm512_storeu_ps(scores + h * stride + b * 16,
+                       _mm512_mul_ps(_mm512_add_ps(s[h][0], s[h][1]), _mm512_set1_ps(scale)));
+  }
+  float inv[HEADS];
+  exp_normalisers(scores, HEADS, visible, stride, inv);
+  __m512 acc[HEADS][2][L];  // even and odd keys: independent chains
+  for (int h = 0; h < HEADS; ++h)
+    for (int l = 0; l < L; ++l) acc[h][0][l] = acc[h][1][l] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 2 <= visible; k += 2)
+    for (int e = 0; e < 2; ++e) {
+      __m512 row[L];
+      for (int l = 0; l < L; ++l) row[l] = _mm512_loadu_ps(values + (k + e) * D + 16 * l);
+      for (int h = 0; h < HEADS; ++h) {
+        const __m512 weight = _mm512_set1_ps(scores[h * stride + k + e]);
+        for (int l = 0; l < L; ++l) acc[h][e][l] = _mm512_fmadd_ps(weight, row[l], acc[h][e][l]);
+      }
+    }
+  for (; k < visible; ++k)
+    for (int h = 0; h < HEADS; ++h)
+      for (int l = 0; l < L; ++l)
+        acc[h][0][l] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * stride + k]),
+                                       _mm512_loadu_ps(values + k * D + 16 * l), acc[h][0][l]);
+  for (int h = 0; h < HEADS; ++h) {
+    float result[D];
+    for (int l = 0; l < L; ++l)
+      _mm512_storeu_ps(result + 16 * l,
+                       _mm512_mul_ps(_mm512_add_ps(acc[h][0][l], acc[h][1][l]), _mm512_set1_ps(inv[h])));
+    narrow(result, out + h * D, D);
+  }
+}
+#endif
+
+#if defined(__AVX512F__)
+template <typename T, int L>
+static void prefill_task(const T* q, int64_t H, const T* kc, const T* vc, const int32_t* table, int64_t BS,
+                         int64_t KVH, int64_t kh, int64_t G, int64_t start, int64_t first_token, int64_t n,
+                         float scale, T* out, std::vector<float>& work) {
+  constexpr int64_t D = 16 * L;
+#if defined(__AVX512BF16__)
+  constexpr bool pairs = std::is_same_v<T, c10::BFloat16> && L % 2 == 0;  // q.k on bf16 pairs
+#else
+  constexpr bool pairs = false;
+#endif
+  constexpr int64_t lanes_per_key = pairs ? D / 2 : D;  // 32-bit words per key in the transposed blocks
+  const int64_t keys = start + n, blocks = (keys + 15) / 16;
+  work.resize(blocks * lanes_per_key * 16 + keys * D + 2 * blocks * 16 + 2 * D);
+  float* transposed = work.data();                        // [blocks][lanes_per_key][16 keys]
+  float* values = transposed + blocks * lanes_per_key * 16;  // [keys][D] fp32
+  float* scores = values + keys * D;                      // [2][blocks * 16]
+  float* qf = scores + 2 * blocks * 16;                   // [2][D] query rows widened (fp32 path)
+  uint32_t* words = reinterpret_cast<uint32_t*>(transposed);
+  KVRowWalker<T> key_rows{kc, table, BS, KVH * D, kh * D}, value_rows{vc, table, BS, KVH * D, kh * D};
+  for (int64_t k = 0; k < blocks * 16; ++k) {
+    const int64_t block = k / 16, lane = k % 16;
+    float* column = transposed + block * lanes_per_key * 16 + lane;
+    if (k >= keys) {
+      for (int64_t w = 0; w < lanes_per_key; ++w) column[w * 16] = 0.f;
+      continue;
+    }
+    const T* key = key_rows.next();
+    if constexpr (pairs) {
+      uint32_t word;
+      for (int64_t w = 0; w < lanes_per_key; ++w) std::memcpy(&word, key + 2 * w, 4), words[column - transposed + w * 16] = word;
+    } else {
+      float row[D];
+      widen(key, row, D);
+      for (int64_t d = 0; d < D; ++d) column[d * 16] = row[d];
+    }
+    widen(value_rows.next(), values + k * D, D);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t visible = start + i + 1;  // keys 0 .. its position
+    const T* query = q + ((first_token + i) * H + kh * G) * D;
+    T* result = out + ((first_token + i) * H + kh * G) * D;
+    int64_t j = 0;
+    if constexpr (L <= 4)  // two heads: every K word and V row loaded once for both
+      for (; j + 2 <= G; j += 2)
+        prefill_rows<T, L, 2>(query + j * D, transposed, values, visible, scale, scores, qf, result + j * D);
+    for (; j < G; ++j)
+      prefill_rows<T, L, 1>(query + j * D, transposed, values, visible, scale, scores, qf, result + j * D);
+  }
+}
+#endif
+
+template <typename T>
+using PrefillTask = void (*)(const T*, int64_t, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t,
+                             int64_t, int64_t, int64_t, int64_t, float, T*, std::vector<float>&);
+
+// The AVX-512 task for D = 16 L (L = 1..8), else none (the caller keeps the torch path).
+template <typename T>
+static PrefillTask<T> pick_prefill_task(int64_t D) {
+#if defined(__AVX512F__)
+  switch (D) {
+    case 16: return prefill_task<T, 1>;
+    case 32: return prefill_task<T, 2>;
+    case 48: return prefill_task<T, 3>;
+    case 64: return prefill_task<T, 4>;
+    case 80: return prefill_task<T, 5>;
+    case 96: return prefill_task<T, 6>;
+    case 112: return prefill_task<T, 7>;
+    case 128: return prefill_task<T, 8>;
+  }
+#endif
+  return nullptr;
+}
+
+bool has_prefill_kernel(int64_t head_dim) { return pick_prefill_task<float>(head_dim) != nullptr; }
+
+torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor key_cache, torch::Tensor value_cache,
+                            torch::Tensor block_tables, torch::Tensor starts, torch::Tensor counts, double scale) {
+  // q [Tp, H, D] the new tokens of Bp sequences in order; block_tables [Bp, max_blocks] int32;
+  // starts [Bp] int64 position of each sequence's first new token; counts [Bp] int64 its new tokens
+  q = q.contiguous();
+  block_tables = block_tables.contiguous();
+  starts = starts.contiguous();
+  counts = counts.contiguous();
+  const int64_t H = q.size(1), D = q.size(2), sequences = starts.size(0);
+  const int64_t BS = key_cache.size(1), KVH = key_cache.size(2), G = H / KVH;
+  const int64_t max_blocks = block_tables.size(1);
+  const int64_t* sp = starts.data_ptr<int64_t>();
+  const int64_t* cp = counts.data_ptr<int64_t>();
+  std::vector<int64_t> first_token(sequences + 1, 0);
+  for (int64_t b = 0; b < sequences; ++b) first_token[b + 1] = first_token[b] + cp[b];
+  TORCH_CHECK(first_token[sequences] == q.size(0), "paged_prefill: counts do not add up to the query rows");
+  auto out = torch::empty_like(q);
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill", [&] {
+    const PrefillTask<scalar_t> task_fn = pick_prefill_task<scalar_t>(D);
+    TORCH_CHECK(task_fn != nullptr, "paged_prefill: no kernel for head_dim ", D);
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    at::parallel_for(0, sequences * KVH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> work;
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / KVH, kh = task % KVH;
+        task_fn(qp, H, key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(), tables + b * max_blocks,
+                BS, KVH, kh, G, sp[b], first_token[b], cp[b], static_cast<float>(scale), out.data_ptr<scalar_t>(),
+                work);
       }
     });
   });
@@ -568,6 +761,8 @@ torch::Tensor race_sample(torch::Tensor probs, torch::Tensor keys, int64_t num_d
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
+  m.def("paged_prefill", &paged_prefill, "paged causal prefill attention (CPU, AVX-512)");
+  m.def("has_prefill_kernel", &has_prefill_kernel, "whether paged_prefill has a kernel for this head_dim");
   m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (CPU)");
   m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k + KV cache write (CPU)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (CPU)");
