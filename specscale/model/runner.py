@@ -50,7 +50,7 @@ class ModelRunner:
             return False
         if not cpu_kernels.available():
             if backend == "cpp":
-                raise RuntimeError("the C++ attention kernel could not be built on this machine")
+                raise RuntimeError("the C++ CPU kernels could not be built on this machine")
             return False
         return True
 

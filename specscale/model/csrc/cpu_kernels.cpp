@@ -44,6 +44,14 @@ static inline void narrow(const float* src, T* dst, int64_t n) {
 // softmax over each head's scores in place: p_t = exp(s_t - max) / sum; returns nothing, scales later
 static void exp_normalisers(float* scores, int64_t G, int64_t ctx, int64_t stride, float* inv_sum);
 
+// q.k taken on bf16 pairs (vdpbf16ps) rather than on widened fp32 rows: bf16 values, D = 16 L a multiple of 32.
+template <typename T, int L>
+#if defined(__AVX512BF16__)
+constexpr bool bf16_pairs = std::is_same_v<T, c10::BFloat16> && L % 2 == 0;
+#else
+constexpr bool bf16_pairs = false;
+#endif
+
 // ---- AVX-512 pieces: 16 lanes, D a multiple of 16 -----------------------------------------------
 #if defined(__AVX512F__)
 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -218,11 +226,7 @@ static void decode_task_avx512(const T* q, const T* kc, const T* vc, const int32
   work.resize(G * D + G * stride + G * 16 * 16 + G);
   // partial: [G][16 tokens][16 lanes] dot products of one chunk before their reduction
   float *qf = work.data(), *scores = qf + G * D, *partial = scores + G * stride, *inv = partial + G * 16 * 16;
-#if defined(__AVX512BF16__)
-  constexpr bool pairs = std::is_same_v<T, c10::BFloat16> && L % 2 == 0;
-#else
-  constexpr bool pairs = false;
-#endif
+  constexpr bool pairs = bf16_pairs<T, L>;
   if constexpr (!pairs) {
     widen(q, qf, G * D);
     for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
@@ -341,11 +345,7 @@ template <typename T, int L, int HEADS>
 static void prefill_rows(const T* query, const float* transposed, const float* values, int64_t visible, float scale,
                          float* scores, float* qf, T* out) {
   constexpr int64_t D = 16 * L;
-#if defined(__AVX512BF16__)
-  constexpr bool pairs = std::is_same_v<T, c10::BFloat16> && L % 2 == 0;
-#else
-  constexpr bool pairs = false;
-#endif
+  constexpr bool pairs = bf16_pairs<T, L>;
   constexpr int64_t lanes_per_key = pairs ? D / 2 : D;
   const int64_t blocks = (visible + 15) / 16, stride = blocks * 16;
   if constexpr (!pairs) widen(query, qf, HEADS * D);
@@ -409,11 +409,7 @@ static void prefill_task(const T* q, int64_t H, const T* kc, const T* vc, const 
                          int64_t KVH, int64_t kh, int64_t G, int64_t start, int64_t first_token, int64_t n,
                          float scale, T* out, std::vector<float>& work) {
   constexpr int64_t D = 16 * L;
-#if defined(__AVX512BF16__)
-  constexpr bool pairs = std::is_same_v<T, c10::BFloat16> && L % 2 == 0;  // q.k on bf16 pairs
-#else
-  constexpr bool pairs = false;
-#endif
+  constexpr bool pairs = bf16_pairs<T, L>;
   constexpr int64_t lanes_per_key = pairs ? D / 2 : D;  // 32-bit words per key in the transposed blocks
   const int64_t keys = start + n, blocks = (keys + 15) / 16;
   work.resize(blocks * lanes_per_key * 16 + keys * D + 2 * blocks * 16 + 2 * D);
