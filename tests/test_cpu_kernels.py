@@ -83,6 +83,8 @@ def test_bf16_decode_attention_matches_fp32_reference(head_dim):
 @pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 64), (torch.bfloat16, 48), (torch.float32, 32)])
 def test_prefill_attention_matches_causal_reference(dtype, head_dim):
     """Chunks of new tokens on top of cached contexts (0, 5, 40 tokens; 16-key blocks cut mid-chunk)."""
+    if not cpu_kernels.has_prefill_kernel(head_dim):  # AVX-512 builds only; elsewhere the runner pads SDPA
+        pytest.skip(f"this CPU's build has no paged prefill kernel for head_dim {head_dim}")
     torch.manual_seed(0)
     heads, kv_heads, block_size, num_blocks = 6, 2, 16, 40
     starts, counts = torch.tensor([0, 5, 40]), torch.tensor([7, 20, 33])

@@ -153,8 +153,11 @@ class Linear(nn.Linear):
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether Linear.prepack applies: fp32 or bf16 on a CPU whose torch build has oneDNN."""
-    return (device.type == "cpu" and dtype in PACKED_MIN_ROWS and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    if not (device.type == "cpu" and dtype in PACKED_MIN_ROWS and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    # oneDNN's bf16 reorder needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; an AVX2-only CPU keeps F.linear
+    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class RMSNorm(nn.Module):
