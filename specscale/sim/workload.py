@@ -190,8 +190,8 @@ TRACE_NOTE = "assumption until fitted from a trace (specscale.sim.trace.fit_work
 
 DATASETS: dict[str, dict] = {
     "gsm8k": {
-        "steps_median": 4.0, "steps_sigma": 0.35, "step_tokens_median": 40.0, "step_tokens_sigma": 0.22,
-        "top_token_prob": 0.975, "question_tokens_median": 55.0, "question_tokens_sigma": 0.4,
+        "steps_median": 4.0, "steps_sigma": 0.35, "step_tokens_median": 40.0, "step_tokens_sigma": 0.162,
+        "top_token_prob": 0.9869, "question_tokens_median": 55.0, "question_tokens_sigma": 0.4,
         "sources": {
             "steps_median": f"GSM8K reference solutions have a median of 3 reasoning lines (p90 6), plus the answer "
                             f"step; {TRACE_NOTE}",
@@ -204,8 +204,8 @@ DATASETS: dict[str, dict] = {
             "question_tokens_median": "GSM8K questions: median 222 characters / 4 characters per token",
         }},
     "math500": {
-        "steps_median": 6.0, "steps_sigma": 0.45, "step_tokens_median": 60.0, "step_tokens_sigma": 0.32,
-        "top_token_prob": 0.985, "question_tokens_median": 40.0, "question_tokens_sigma": 0.6,
+        "steps_median": 6.0, "steps_sigma": 0.45, "step_tokens_median": 60.0, "step_tokens_sigma": 0.325,
+        "top_token_prob": 0.9867, "question_tokens_median": 40.0, "question_tokens_sigma": 0.6,
         "sources": {
             "steps_median": f"assumption: MATH reference solutions are one paragraph for 349 of 500 problems, so they "
                             f"say little about model steps; {TRACE_NOTE}",
@@ -217,8 +217,8 @@ DATASETS: dict[str, dict] = {
             "question_tokens_median": "MATH-500 problems: median 148 characters / 4 characters per token",
         }},
     "olympiadbench": {
-        "steps_median": 9.0, "steps_sigma": 0.5, "step_tokens_median": 70.0, "step_tokens_sigma": 0.5,
-        "top_token_prob": 0.99, "question_tokens_median": 57.0, "question_tokens_sigma": 0.6,
+        "steps_median": 9.0, "steps_sigma": 0.5, "step_tokens_median": 70.0, "step_tokens_sigma": 0.651,
+        "top_token_prob": 0.9884, "question_tokens_median": 57.0, "question_tokens_sigma": 0.6,
         "sources": {
             "steps_median": f"OlympiadBench first solutions: median 5 steps (p90 17) split on blank lines; "
                             f"{TRACE_NOTE}",
@@ -262,7 +262,7 @@ PRM_PRESETS: dict[str, tuple[PRMScoreParams, str]] = {
 # The bundled toy models on the toy task (docs/toy-models.md, measured with their statistics script).
 TOY = WorkloadParams(
     name="toy", accuracy=0.518, steps_median=5.0, steps_sigma=0.26, step_tokens_median=20.0,
-    step_tokens_sigma=0.36, top_token_prob=0.95, question_tokens_median=30.0, question_tokens_sigma=0.25,
+    step_tokens_sigma=0.36, top_token_prob=0.952, question_tokens_median=30.0, question_tokens_sigma=0.25,
     system_prompt_tokens=20, levels=5, max_steps=40, max_step_tokens=256,
     prm=PRMScoreParams(perfect_share_sound=0.04, perfect_share_erred=0.002, auc=0.92, sound_logit_mean=1.5,
                        logit_spread=1.5),
@@ -270,7 +270,9 @@ TOY = WorkloadParams(
         "accuracy": "docs/toy-models.md: one sample 51.8%",
         "steps_median": "docs/toy-models.md: steps per solution median 5, p90 7 (sigma = ln(7/5) / 1.28)",
         "step_tokens_median": "docs/toy-models.md: tokens per step median 20, within-round CV 0.37",
-        "top_token_prob": "assumption, to be fitted to the toy's common-prefix ratio 27.3% (docs/toy-models.md)",
+        "top_token_prob": "calibrate.top_token_prob: the toy's common-prefix ratio 27.3% (docs/toy-models.md)",
+        "step_tokens_sigma": "docs/toy-models.md: within-round CV 0.37; gives waiting 37.7% at N = 8 (measured: 39.3% "
+                             "median, 37.3% mean)",
         "prm": "docs/toy-models.md: within-problem AUC 0.92, 2.1-3.8% exact 1.0 in bf16",
         "question_tokens_median": "assumption: a toy story of 2-6 events is about 30 tokens",
     },
