@@ -21,6 +21,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specscale.model.transformer import ModelArgs
+
 MODELS_DIR = Path(__file__).parent / "data" / "models"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -46,27 +48,19 @@ class ModelProfile:
 
     @classmethod
     def from_hf_config(cls, config: dict, name: str, dtype: str | None = None) -> ModelProfile:
-        """dtype None takes config.json's `torch_dtype` (bfloat16 when it names none)."""
-        heads = config["num_attention_heads"]
+        """The shape the engine's loader reads (`ModelArgs`); dtype None takes config.json's `torch_dtype`
+        (bfloat16 when it names none)."""
+        args = ModelArgs.from_hf_config(config)
         dtype = dtype or config.get("torch_dtype") or config.get("dtype") or "bfloat16"
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"{name}: unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
-        architectures = config.get("architectures") or []
         return cls(
-            name=name,
-            architecture=architectures[0] if architectures else "",
-            num_layers=config["num_hidden_layers"],
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            vocab_size=config["vocab_size"],
-            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias", False)),
-            head="score" if any(a.endswith("ForProcessRewardModel") for a in architectures) else "lm",
-            max_position_embeddings=config.get("max_position_embeddings", 4096),
-            dtype_bytes=DTYPE_BYTES[dtype],
+            name=name, architecture=args.architecture, num_layers=args.num_layers, hidden_size=args.hidden_size,
+            intermediate_size=args.intermediate_size, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+            head_dim=args.head_dim, vocab_size=args.vocab_size, tied_embeddings=args.tie_word_embeddings,
+            attention_bias=args.attention_bias,
+            head="score" if args.architecture.endswith("ForProcessRewardModel") else "lm",
+            max_position_embeddings=args.max_position_embeddings, dtype_bytes=DTYPE_BYTES[dtype],
         )
 
     @classmethod
