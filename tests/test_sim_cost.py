@@ -67,7 +67,8 @@ def test_a_2048_token_prm_prefill_is_compute_bound_and_the_knee_is_at_2048():
     flops = (2048 * 2 * 6_525_621_760 + 16 * 2 * (3584 * 3584 + 3584 + 2 * 3584 + 2)
              + 4 * 28 * 28 * 128 * 16 * (128 * 512 + 128 * 129 // 2))
     compute = flops / (312e12 * 0.6)
-    memory = (2 * 6_525_621_760 + 2 * (3584 * 3584 + 3584 + 2 * 3584 + 2) + 57_344 * 16 * (640 + 128)) / (2.039e12 * 0.8)
+    weights = 2 * 6_525_621_760 + 2 * (3584 * 3584 + 3584 + 2 * 3584 + 2)
+    memory = (weights + 57_344 * 16 * (640 + 128)) / (2.039e12 * 0.8)
     assert compute > memory
     assert cost.iteration_seconds(QWEN_PRM, work, "prm") == pytest.approx(0.015 + compute, rel=1e-9)
     # the profiler's knee (90% of peak tokens/s over 256..8,192-token batches): the published ~2,048

@@ -69,7 +69,8 @@ def test_logits_are_a_function_of_the_prefix_however_the_state_was_reached():
     for token in path[:-1]:
         tokens.append(token)
         fresh = Sequence(2 + len(tokens), list(tokens), None, 0)  # scanned from scratch by another instance
-        assert torch.equal(generator.outputs([(incremental, len(tokens) - 1)]), other.outputs([(fresh, len(tokens) - 1)]))
+        position = len(tokens) - 1
+        assert torch.equal(generator.outputs([(incremental, position)]), other.outputs([(fresh, position)]))
     rows = set()
     for word in tokenizer.words[:6]:  # other last tokens: other prefixes, other dominant next words
         changed = tokens[:-1] + [word]
@@ -124,7 +125,8 @@ def test_step_lengths_and_waiting_follow_the_parameters():
     assert len(lengths) > 300 and chisquare(observed, expected).pvalue > 0.001
     for dataset, target in (("gsm8k", 0.20), ("math500", 0.35), ("olympiadbench", 0.55)):
         shape = DATASETS[dataset]
-        assert waiting_ratio(shape["step_tokens_median"], shape["step_tokens_sigma"], 8) == pytest.approx(target, abs=0.02)
+        ratio = waiting_ratio(shape["step_tokens_median"], shape["step_tokens_sigma"], 8)
+        assert ratio == pytest.approx(target, abs=0.02)
 
 
 def test_entropy_controls_the_sibling_common_prefix_and_the_presets_hit_their_targets():

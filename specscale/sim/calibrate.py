@@ -64,7 +64,8 @@ def sibling_common_prefix(params: WorkloadParams, width: int = 4, groups: int = 
 
 def top_token_prob(params: WorkloadParams, target: float, width: int = 4, groups: int = 200) -> float:
     """The dominant-token probability at which siblings share `target` of their tokens."""
-    return bisect(lambda q: sibling_common_prefix(replace(params, top_token_prob=q), width, groups), target, 0.5, 0.9995)
+    ratio = lambda q: sibling_common_prefix(replace(params, top_token_prob=q), width, groups)  # noqa: E731
+    return bisect(ratio, target, 0.5, 0.9995)
 
 
 def bisect(f, target: float, low: float, high: float, iterations: int = 18) -> float:

@@ -88,7 +88,8 @@ def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_ro
     """(iteration_fixed_s, row_overhead_s) that make fixed + overhead * rows + max(compute, memory) equal
     the measured fixed + per_row * rows: per row the roofline takes the decode FLOPs or the KV bytes read,
     whichever binds; a memory-bound iteration also reads the weights once, which the fixed part then holds."""
-    compute = (model.body_flops_per_token + model.head_flops_per_row + model.attention_flops_per_key * context) / flop_rate
+    flops = model.body_flops_per_token + model.head_flops_per_row + model.attention_flops_per_key * context
+    compute = flops / flop_rate
     kv = model.kv_bytes_per_token * (context + 1) / CPU_BANDWIDTH
     if kv >= compute:
         weights = (model.body_weight_bytes + model.head_weight_bytes) / CPU_BANDWIDTH

@@ -52,7 +52,8 @@ class SimulatedRunner(ModelRunner):
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         positions, layout = head_layout(batch)
         items = [(row.seq, p) for row, wanted in zip(batch.rows, positions) for p in wanted]
-        seconds = self.cost_model.iteration_seconds(self.profile, IterationWork.from_batch(batch, len(items)), self.role)
+        work = IterationWork.from_batch(batch, len(items))
+        seconds = self.cost_model.iteration_seconds(self.profile, work, self.role)
         self.clock.advance(seconds)
         self.busy_s += seconds
         self.iterations += 1

@@ -89,7 +89,8 @@ class Simulation:
                                  c.block_size, tokenizer.vocab_size)
         config = EngineConfig(model=f"sim:{c.prm}", block_size=c.block_size, max_num_batched_tokens=8192,
                               max_num_seqs=1024, seed=c.seed)
-        return Verifier(VerifierConfig(config, format=self.prm_format), engine=Engine(config, runner=runner, tokenizer=tokenizer))
+        engine = Engine(config, runner=runner, tokenizer=tokenizer)
+        return Verifier(VerifierConfig(config, format=self.prm_format), engine=engine)
 
     # ---- what a run needs ------------------------------------------------------------------------------
     def problems(self, count: int) -> list[Problem]:

@@ -33,7 +33,7 @@ Presets (`preset`) combine a data set, a generator and a PRM; every number names
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
 
 import numpy as np
@@ -300,7 +300,3 @@ def preset(dataset: str, generator: str, prm: str) -> WorkloadParams:
     })
     return WorkloadParams(name=f"{dataset}/{generator}/{prm}", accuracy=GENERATOR_ACCURACY[generator][dataset],
                           system_prompt_tokens=SAL_SYSTEM_PROMPT_TOKENS, prm=prm_params, sources=sources, **shape)
-
-
-def with_overrides(params: WorkloadParams, **changes) -> WorkloadParams:
-    return replace(params, **changes)
