@@ -17,19 +17,20 @@ MATH = preset("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b")
 
 
 def simulated_trace(seed: int, variant: str = "best-of-n", problems: int = 24, beam_size: int = 4):
-    """Run `problems` requests on the simulated A100 and record them; returns (trace requests, clock)."""
+    """Run `problems` requests on the simulated A100 and record them; returns (trace requests, (simulated
+    seconds, each result's answer, usage, timings and step scores))."""
     sim = Simulation(SimulationConfig(seed=seed))
     runtime = sim.runtime(max_concurrency=16)
     chosen = sim.problems(problems)
     requests = [sim.request(p, preset_config(variant, beam_size=beam_size, beam_width=4, seed=seed * 1000 + i),
                             f"q{i}") for i, p in enumerate(chosen)]
-    runtime.run(requests)
+    results = runtime.run(requests)
     traces = [trace_request(r.request_id, runtime.finished[r.request_id].search, p.question, len(p.prompt_ids),
                             sim.tokenizer, p.answer) for r, p in zip(requests, chosen)]
-    clock = sim.clock()
+    outcome = (sim.clock(), [(r.answer, r.usage, r.timings, [p.step_scores for p in r.paths]) for r in results])
     assert sim.engine.block_manager.num_free_blocks == sim.engine.block_manager.num_blocks
     sim.close()
-    return traces, clock
+    return traces, outcome
 
 
 def test_a_trace_round_trips_through_its_file(tmp_path):
@@ -50,11 +51,12 @@ def test_a_trace_round_trips_through_its_file(tmp_path):
         read_trace(path)
 
 
-def test_the_same_seed_gives_the_same_run_request_by_request():
-    first, clock = simulated_trace(seed=5, variant="beam", problems=6)
-    again, clock_again = simulated_trace(seed=5, variant="beam", problems=6)
-    assert first == again and clock == clock_again
-    other, _ = simulated_trace(seed=6, variant="beam", problems=6)
+@pytest.mark.parametrize("variant", ["beam", "specscale"])
+def test_the_same_seed_gives_the_same_run_request_by_request(variant):
+    first, outcome = simulated_trace(seed=5, variant=variant, problems=4)
+    again, outcome_again = simulated_trace(seed=5, variant=variant, problems=4)
+    assert first == again and outcome == outcome_again  # every step, score, token count, timing and the clock
+    other, _ = simulated_trace(seed=6, variant=variant, problems=4)
     assert other != first
 
 
