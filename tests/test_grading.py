@@ -170,6 +170,9 @@ def test_a_pathological_answer_times_out_off_the_main_thread(grader):
     assert time.perf_counter() - start < 1.0 + KILL_GRACE_S + 2.0  # generous: a busy CI machine
     assert grader.stats.timeouts == timeouts + 1
     assert run_in_thread(lambda: grader.equivalent("\\frac{1}{2}", "0.5"))
+    calls = grader.stats.math_verify
+    assert not grader.equivalent("9^{9^{9}}", "2^{2^{40}}", timeout_s=0.5)  # cached: no longer a timeout than ran out
+    assert grader.stats.math_verify == calls
 
 
 def test_a_stuck_worker_is_killed_and_replaced():

@@ -48,6 +48,8 @@ class GraderStats:
 
 
 class AnswerGrader:
+    """Answer equivalence as the module docstring describes; thread-safe, one worker process each."""
+
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, cache_size: int = CACHE_SIZE):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -55,7 +57,7 @@ class AnswerGrader:
         self.cache_size = cache_size
         self.stats = GraderStats()
         self._worker = VerifyWorker()
-        self._verdicts: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._verdicts: OrderedDict[tuple[str, str], tuple[bool | None, float]] = OrderedDict()  # verdict, timeout
         self._lock = threading.Lock()
 
     def equivalent(self, gold: str, answer: str, timeout_s: float | None = None) -> bool:
@@ -95,16 +97,19 @@ class AnswerGrader:
         self._worker.close()
 
     def _verified(self, gold: str, answer: str, timeout_s: float) -> bool:
-        """math-verify's verdict, cached (the caller holds the lock)."""
+        """math-verify's verdict, cached; a timed-out pair is tried again only with a longer timeout
+        (votes allow less time than grading). The caller holds the lock."""
         key = (gold, answer)
-        if key in self._verdicts:
+        verdict, tried_s = self._verdicts.get(key, (None, 0.0))
+        if key in self._verdicts and (verdict is not None or timeout_s <= tried_s):
             self.stats.cached += 1
             self._verdicts.move_to_end(key)
-            return self._verdicts[key]
+            return bool(verdict)
         verdict = self._worker.equivalent(gold, answer, timeout_s)
         self.stats.math_verify += 1
         self.stats.timeouts += verdict is None
-        self._verdicts[key] = bool(verdict)
+        self._verdicts[key] = (verdict, timeout_s)
+        self._verdicts.move_to_end(key)
         if len(self._verdicts) > self.cache_size:
             self._verdicts.popitem(last=False)
         return bool(verdict)
