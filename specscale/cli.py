@@ -8,6 +8,7 @@ import time
 
 from specscale.bench import add_bench
 from specscale.defaults import TOY_GENERATOR
+from specscale.evaluation.command import add_eval
 from specscale.server.command import add_serve
 from specscale.solve import add_solve
 from specscale.tasks.prompts import TOY_GENERATOR_SYSTEM_PROMPT
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub)
     add_solve(sub)
     add_bench(sub)
+    add_eval(sub)
     add_profile_prm(sub)
     add_serve(sub)
     return parser

@@ -98,10 +98,22 @@ def paired_difference(a: dict[int, list[int]], b: dict[int, list[int]]) -> dict:
     """Mean of a - b over problems (each averaged over the seeds both have) with a 95% normal CI."""
     seeds = sorted(set(a) & set(b))
     per_problem = [statistics.fmean(a[s][i] - b[s][i] for s in seeds) for i in range(len(a[seeds[0]]))]
+    return dict(mean_ci(per_problem), seeds=len(seeds))
+
+
+def accuracy_ci(by_seed: dict[int, list[int]]) -> dict:
+    """Accuracy over problems (each averaged over its seeds) with a 95% normal CI."""
+    seeds = sorted(by_seed)
+    per_problem = [statistics.fmean(by_seed[s][i] for s in seeds) for i in range(len(by_seed[seeds[0]]))]
+    return dict(mean_ci(per_problem), seeds=len(seeds))
+
+
+def mean_ci(per_problem: list[float]) -> dict:
+    """Mean ± 1.96 standard errors, the problem being the unit (an infinite half-width for one problem)."""
     mean = statistics.fmean(per_problem)
     half = Z95 * statistics.stdev(per_problem) / math.sqrt(len(per_problem)) if len(per_problem) > 1 else math.inf
     return {"mean": mean, "ci95_low": mean - half, "ci95_high": mean + half, "half_width": half,
-            "problems": len(per_problem), "seeds": len(seeds)}
+            "problems": len(per_problem)}
 
 
 def same_paths(a: dict[int, list], b: dict[int, list]) -> float:

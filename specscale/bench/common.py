@@ -51,16 +51,7 @@ def add_common_arguments(parser, variants: bool = True, problems: bool = True) -
     None are filled by `apply_mode_defaults`."""
     parser.add_argument("--out", required=True, help="folder for raw.json, summary.json, <name>.md, <name>.png")
     parser.add_argument("--quick", action="store_true", help="a small workload that finishes in under 2 minutes")
-    parser.add_argument("--generator", default=PipelineConfig.generator, help="generator folder (default: toy)")
-    parser.add_argument("--prm", default=PipelineConfig.prm, help="PRM folder (default: the bundled toy PRM)")
-    parser.add_argument("--dtype", default="auto", help="model dtype for both models (default: the engine's)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--kv-gb", type=float, default=PipelineConfig.generator_kv_gb, help="generator KV pool")
-    parser.add_argument("--prm-kv-gb", type=float, default=PipelineConfig.prm_kv_gb, help="PRM KV pool")
-    parser.add_argument("--spare-rows", type=int, default=None,
-                        help="speculative rows only fill an iteration up to this many rows (default: 32 on CPU, no cap on CUDA)")
-    parser.add_argument("--lv-threshold", type=int, default=None,
-                        help="lazy-verification threshold in PRM tokens (default: the profiled one, else 2048)")
+    add_model_arguments(parser)
     parser.add_argument("--repeats", type=int, default=None, help="repeats; the median is reported")
     parser.add_argument("--beam-sizes", type=int_list, default=None, help="comma-separated beam sizes N")
     parser.add_argument("--beam-width", type=int, default=4, help="children per retained path M")
@@ -72,6 +63,20 @@ def add_common_arguments(parser, variants: bool = True, problems: bool = True) -
         parser.add_argument("--problems", type=int, default=None, help="toy test problems per run")
     if variants:
         parser.add_argument("--variants", type=str_list, default=None, help="comma-separated presets")
+
+
+def add_model_arguments(parser) -> None:
+    """The models and how they are served: what `open_pipeline` reads."""
+    parser.add_argument("--generator", default=PipelineConfig.generator, help="generator folder (default: toy)")
+    parser.add_argument("--prm", default=PipelineConfig.prm, help="PRM folder (default: the bundled toy PRM)")
+    parser.add_argument("--dtype", default="auto", help="model dtype for both models (default: the engine's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--kv-gb", type=float, default=PipelineConfig.generator_kv_gb, help="generator KV pool")
+    parser.add_argument("--prm-kv-gb", type=float, default=PipelineConfig.prm_kv_gb, help="PRM KV pool")
+    parser.add_argument("--spare-rows", type=int, default=None,
+                        help="speculative rows only fill an iteration up to this many rows (default: 32 on CPU, no cap on CUDA)")
+    parser.add_argument("--lv-threshold", type=int, default=None,
+                        help="lazy-verification threshold in PRM tokens (default: the profiled one, else 2048)")
 
 
 def int_list(text: str) -> list[int]:
@@ -95,8 +100,9 @@ def apply_mode_defaults(args, full: dict, quick: dict) -> None:
 
 
 # ---- the serving stack ----------------------------------------------------------------------------
-def open_pipeline(args) -> Pipeline:
-    """The generator engine and the PRM verifier, built once per sub-command."""
+def open_pipeline(args, **config) -> Pipeline:
+    """The generator engine and the PRM verifier, built once per sub-command; `config` sets further
+    `PipelineConfig` fields (device, system prompt)."""
     for folder in (args.generator, args.prm):
         if not (Path(folder) / "config.json").is_file():
             raise SystemExit(f"no model at {folder}: train the bundled toy models "
@@ -106,7 +112,7 @@ def open_pipeline(args) -> Pipeline:
     return Pipeline(PipelineConfig(
         generator=args.generator, prm=args.prm, generator_dtype=args.dtype, prm_dtype=args.dtype,
         generator_kv_gb=args.kv_gb, prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency,
-        lv_threshold_tokens=args.lv_threshold, spare_rows=args.spare_rows,
+        lv_threshold_tokens=args.lv_threshold, spare_rows=args.spare_rows, **config,
     ))
 
 
@@ -250,11 +256,11 @@ def progress_bar(total: int, description: str) -> tqdm:
 
 
 # ---- outputs --------------------------------------------------------------------------------------
-def run_info(name: str, args, pipeline: Pipeline | None = None) -> dict:
+def run_info(name: str, args, pipeline: Pipeline | None = None, command: str = "specscale bench") -> dict:
     """What reproduces and qualifies a result: command, code version, machine, load, settings."""
     info = {
         "benchmark": name,
-        "command": command_line(name, args),
+        "command": command_line(name, args, command),
         "argv": sys.argv,
         "git_commit": git_commit(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -273,9 +279,9 @@ def run_info(name: str, args, pipeline: Pipeline | None = None) -> dict:
     return info
 
 
-def command_line(name: str, args) -> str:
-    """`specscale bench <name>` with every option spelled out, as parsed."""
-    parts = ["specscale", "bench", name]
+def command_line(name: str, args, command: str = "specscale bench") -> str:
+    """`<command> <name>` (`specscale bench <name>` by default) with every option spelled out, as parsed."""
+    parts = [*command.split(), name]
     for key, value in sorted(vars(args).items()):
         if key in ("func", "command", "bench_command") or value is None or value is False:
             continue

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specscale.grading import AnswerGrader, extract_answer, shared_grader
 from specscale.search.policies import rank_key
+
+# Votes are counted in the thread that builds the result (the server's engine thread): a comparison
+# that needs math-verify gets this long before it counts as "different answers".
+VOTE_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -48,31 +53,25 @@ class SearchResult:
     error: str | None = None
 
 
-def extract_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} in text, braces matched; None if there is none."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 1, start + len("\\boxed{")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j].strip()
-    return None
-
-
-def votes(paths: list[CompletedPath]) -> tuple[str | None, str | None]:
-    """(weighted majority: sum of scores per answer, plain majority: count per answer)."""
-    weighted: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for p in paths:
-        if p.answer is None:
-            continue
-        weighted[p.answer] = weighted.get(p.answer, 0.0) + p.score * p.copies
-        counts[p.answer] = counts.get(p.answer, 0) + p.copies
+def votes(paths: list[CompletedPath], grader: AnswerGrader | None = None) -> tuple[str | None, str | None]:
+    """(weighted vote: the answer whose group has the largest sum of scores, majority vote: the largest
+    count), each path counted `copies` times. Answers are grouped by mathematical equivalence
+    (`AnswerGrader.group`: ``\\frac{1}{2}``, ``0.5`` and ``1/2`` are one answer; plain numbers never leave
+    this thread); a group is named by its first member, i.e. the best-ranked path's spelling, and a tie
+    goes to the group that appears first. Paths without an answer do not vote."""
+    answered = [p for p in paths if p.answer is not None]
+    grader = grader or shared_grader()
+    groups = grader.group([p.answer for p in answered], timeout_s=VOTE_TIMEOUT_S)
+    names: dict[int, str] = {}
+    weighted: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for p, group in zip(answered, groups):
+        names.setdefault(group, p.answer)
+        weighted[group] = weighted.get(group, 0.0) + p.score * p.copies
+        counts[group] = counts.get(group, 0) + p.copies
     best_weighted = max(weighted, key=weighted.get, default=None)
     best_count = max(counts, key=counts.get, default=None)
-    return best_weighted, best_count
+    return names.get(best_weighted), names.get(best_count)
 
 
 def build_result(finished_pool: list, beam_size: int, rounds: int, error: str | None) -> SearchResult:
@@ -85,7 +84,7 @@ def build_result(finished_pool: list, beam_size: int, rounds: int, error: str | 
         left -= copies
         steps = tuple(c.steps())
         text = "".join(steps)
-        paths.append(CompletedPath(text, steps, c.step_scores, c.score, extract_boxed(text), c.path_tokens(), copies))
+        paths.append(CompletedPath(text, steps, c.step_scores, c.score, extract_answer(text), c.path_tokens(), copies))
     weighted, majority = votes(paths)
     best = paths[0] if paths else None
     return SearchResult(best.answer if best else None, best, paths, weighted, majority, rounds=rounds, error=error)

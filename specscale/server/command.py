@@ -79,11 +79,13 @@ def run_serve(args) -> int:
 
 def build_server(args):
     """The app for these arguments: loads both models (the slow part)."""
+    from specscale.grading import shared_grader
     from specscale.server.app import build_app
     from specscale.server.engine_loop import EngineLoop
     from specscale.server.metrics import ServerMetrics
     from specscale.server.search_builder import SearchBuilder
 
+    shared_grader().start()  # votes over non-numeric answers use math-verify: its worker imports while models load
     pipeline = Pipeline(PipelineConfig(
         generator=args.generator, prm=args.prm, device=args.device, generator_kv_gb=args.generator_kv_gb,
         prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency, lv_threshold_tokens=args.lv_threshold_tokens,
