@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from specscale.search.result import extract_boxed
+from specscale.grading import extract_answer
 from specscale.sim.calibrate import top_token_prob
 from specscale.sim.workload import PRMScoreParams, WorkloadParams
 
@@ -127,7 +127,7 @@ def trace_request(request_id: str, search, question: str, prompt_tokens: int, to
     for rd in search.rounds:
         for candidate in rd.candidates:
             pieces = split_steps(candidate.text)
-            answer = extract_boxed("".join(candidate.steps())) if candidate.completed else None
+            answer = extract_answer("".join(candidate.steps())) if candidate.completed else None
             correct = None if gold is None or not candidate.completed else bool(answer and grade(answer, gold))
             steps.append(TraceStep(
                 id=candidate.id, parent=None if candidate.parent is None else candidate.parent.id, round=rd.index,
