@@ -68,12 +68,7 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat_template")
-        return _compile_template(self.chat_template).render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
-        )
+        return render_chat(self.chat_template, messages, add_generation_prompt, self.bos_token, self.eos_token)
 
     def _eos_ids(self, path: Path) -> set[int]:
         ids = set()
@@ -109,6 +104,13 @@ def _read_json(path: Path) -> dict:
 
 def _read_text(path: Path) -> str | None:
     return path.read_text() if path.is_file() else None
+
+
+def render_chat(template: str, messages: list[dict], add_generation_prompt: bool, bos_token: str | None,
+                eos_token: str | None) -> str:
+    """A jinja2 chat template rendered as transformers renders it (sandboxed, trimmed blocks)."""
+    return _compile_template(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                              bos_token=bos_token or "", eos_token=eos_token or "")
 
 
 @lru_cache(maxsize=16)

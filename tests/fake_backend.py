@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from specscale.engine.engine import SequenceOutput
 from specscale.engine.sequence import FinishReason, SequenceStatus
+from specscale.sim.clock import VirtualClock
 from specscale.verify.prm import ScoreResult
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -24,14 +25,6 @@ SPACE, NEWLINE, EOS = 26, 27, 99
 
 def stable_hash(*parts) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
-
-
-class VirtualClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeTokenizer:
@@ -152,7 +145,7 @@ class ScriptedEngine:
     def step(self) -> list[SequenceOutput]:
         running = [s for s in self.seqs.values() if s.status in (SequenceStatus.RUNNING, SequenceStatus.WAITING)]
         self.rows_per_step.append(len(running))
-        self.clock.now += self.decode_cost
+        self.clock.advance(self.decode_cost)
         outputs = []
         for seq in running:
             outputs += self._advance(seq)
@@ -211,7 +204,7 @@ class ScriptedVerifier:
 
     def score(self, requests) -> list[ScoreResult]:
         self.batches.append(len(requests))
-        self.clock.now += self.prm_cost
+        self.clock.advance(self.prm_cost)
         results = []
         for r in requests:
             steps = tuple(s for s in r.steps if s.strip())

@@ -9,7 +9,7 @@ from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.engine.sequence import Sequence
 from specscale.model import cpu_kernels
 from specscale.model.attention import paged_attention, write_kv
-from specscale.model.runner import ModelRunner
+from specscale.model.runner import TorchModelRunner
 
 H, KVH, BS, NB = 8, 2, 4, 64
 
@@ -25,11 +25,13 @@ def dense_attention(q, k, v, start, D):
 
 
 def tiny_model(head_dim):
-    """What ModelRunner reads off a model to size its KV pool."""
+    """What TorchModelRunner reads off a model to size its KV pool."""
 
     class Model:
+        output_size = 2
+
         class args:
-            num_kv_heads, num_layers = KVH, 1
+            num_kv_heads, num_layers, vocab_size, max_position_embeddings = KVH, 1, 2, 64
 
         class model:
             class embed_tokens:
@@ -44,7 +46,7 @@ def tiny_model(head_dim):
 def test_paged_attention_equals_dense(backend, D):
     assert backend == "torch" or cpu_kernels.available(), "the C++ decode kernel failed to build"
     torch.manual_seed(0)
-    runner = ModelRunner(tiny_model(D), NB, BS, attention_backend=backend)
+    runner = TorchModelRunner(tiny_model(D), NB, BS, attention_backend=backend)
     key_cache, value_cache = runner.kv_caches[0]
     # (cached tokens, new tokens) per sequence: decode rows and prefill chunks with cached prefixes
     shapes = [(9, 1), (0, 1), (30, 1), (0, 7), (5, 11), (13, 3)]

@@ -4,13 +4,14 @@ plus the flush policy for eager and per-request (FastTTS) steps, and the runtime
 import random
 from collections import Counter
 
-from fake_backend import ScriptedEngine, ScriptedVerifier, VirtualClock
+from fake_backend import ScriptedEngine, ScriptedVerifier
 from scipy.stats import chisquare
 
 from specscale.search.policies import kept_copies
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
+from specscale.sim.clock import VirtualClock
 
 NEVER = 10**9
 

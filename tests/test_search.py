@@ -2,10 +2,11 @@
 the perfect-score shortcut, CD row counts, cancellation and zero leaked sequences."""
 
 import pytest
-from fake_backend import ScriptedEngine, ScriptedVerifier, VirtualClock, prefix_only_step
+from fake_backend import ScriptedEngine, ScriptedVerifier, prefix_only_step
 
 from specscale.search.presets import PRESETS, preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.sim.clock import VirtualClock
 
 PROMPT = [1, 2, 3, 4, 5]
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from checkpoints import build_stepping_generator, build_tokenizer
-from fake_backend import ScriptedEngine, ScriptedVerifier, VirtualClock
+from fake_backend import ScriptedEngine, ScriptedVerifier
 
 from specscale.search.presets import preset_config
 from specscale.search.result import CompletedPath, SearchResult
@@ -25,6 +25,7 @@ from specscale.server.protocol import ChatCompletionRequest
 from specscale.server.responses import ranked_paths
 from specscale.server.search_builder import SearchBuilder
 from specscale.server.settings import ServerSettings
+from specscale.sim.clock import VirtualClock
 from specscale.tokenizer import Tokenizer
 
 

@@ -25,8 +25,8 @@ from specscale.engine.block_manager import BlockManager
 from specscale.engine.sampler import Sampler, SampleRow
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
 from specscale.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
-from specscale.model.loader import load_model, read_hf_config
-from specscale.model.runner import ModelRunner, RunnerOutput, kv_bytes_per_block
+from specscale.engine.model_runner import ModelRunner, RunnerOutput
+from specscale.model.runner import TorchModelRunner
 from specscale.tokenizer import Tokenizer
 
 
@@ -51,32 +51,35 @@ def select_rows(head: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    """See the module docstring. Built from `config` alone, it loads `config.model` (a local Hugging Face
+    folder) into a `TorchModelRunner` and reads its tokenizer. Given a `runner` and a `tokenizer`, it runs
+    on them instead (the simulator's `SimulatedRunner` and synthetic tokenizer); the KV pool is then the
+    runner's, and of the tokenizer the engine reads `token_bytes` and `eos_token_ids` (stop detection)."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None, tokenizer=None):
+        if (runner is None) != (tokenizer is None):
+            raise ValueError("give the engine both a runner and a tokenizer, or neither")
         self.config = config
-        hf_config = read_hf_config(config.model)
-        model_max = hf_config.get("max_position_embeddings", 4096)
+        self.runner = runner or TorchModelRunner.from_checkpoint(config)
+        self.tokenizer = tokenizer or Tokenizer(config.model)
+        model_max = self.runner.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_max, model_max)
-        self.model = load_model(config.model, config.dtype, config.device, self.max_model_len)
-        self.tokenizer = Tokenizer(config.model)
-        num_blocks = config.num_kv_blocks or self._blocks_for_memory()
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_batched_tokens, config.max_num_seqs,
                                    config.spare_rows)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, config.attention_backend)
         self.sampler = Sampler(torch.Generator(device=config.device).manual_seed(config.seed),
                                use_cpu_kernel=self.runner.use_cpu_kernels)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self._stop_bytes: dict[tuple[str, ...], tuple[bytes, ...]] = {}
-
-    def _blocks_for_memory(self) -> int:
-        per_block = kv_bytes_per_block(self.model, self.config.block_size, self.runner_dtype)
-        return max(int(self.config.kv_cache_memory_gb * 2**30) // per_block, 1)
+        if self.runner.block_size != config.block_size:
+            raise ValueError(f"the runner's KV blocks hold {self.runner.block_size} tokens, the config says "
+                             f"{config.block_size}")
 
     @property
     def runner_dtype(self) -> torch.dtype:
-        return self.model.model.embed_tokens.weight.dtype
+        return self.runner.dtype
 
     # ---- requests --------------------------------------------------------------------------
     def add(
@@ -341,6 +344,6 @@ class Engine:
         bad = [p for p in readout_positions or [] if not current <= p < total]
         if bad:
             raise ValueError(f"readout positions {bad[:4]} are outside the new tokens [{current}, {total})")
-        vocab = self.model.args.vocab_size
+        vocab = self.runner.vocab_size
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"token ids must lie in [0, {vocab})")

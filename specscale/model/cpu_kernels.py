@@ -9,7 +9,7 @@
   of small torch ops whose fixed per-call cost dominates a decode iteration of a small model;
 - the exponential-race sampler in one pass (engine/sampler.py).
 
-All are used together or not at all (ModelRunner / EngineConfig.attention_backend). When no compiler is
+All are used together or not at all (TorchModelRunner / EngineConfig.attention_backend). When no compiler is
 available the engine falls back to the plain-torch path behind the same calls.
 """
 

@@ -1,25 +1,20 @@
-"""ModelRunner: owns the KV pool, turns a scheduled batch into tensors, runs the model and its head.
+"""TorchModelRunner: owns the KV pool, turns a scheduled batch into tensors, runs the model and its head.
 
 The forward pass returns last hidden states for every new token; the head (LM head or PRM score head)
 runs only on the rows that need it: the last token of each generating sequence that reaches its end,
-and the requested readout positions of prefill-only sequences.
+and the requested readout positions of prefill-only sequences (`engine.model_runner.head_positions`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from specscale.config import EngineConfig
+from specscale.engine.model_runner import ModelRunner, RunnerOutput, head_layout
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.model import cpu_kernels
 from specscale.model.attention import AttentionMetadata
-
-
-@dataclass
-class RunnerOutput:
-    head: torch.Tensor  # [R, out] head outputs of the selected rows, in row order
-    head_rows: list[tuple[int, int]]  # per scheduled row: (offset into head, count); count 0 = none
+from specscale.model.loader import load_model, read_hf_config
 
 
 def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
@@ -28,13 +23,20 @@ def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
     return 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * element
 
 
-class ModelRunner:
+class TorchModelRunner(ModelRunner):
+    """A checkpoint's torch model on its paged KV pool (CPU or CUDA)."""
+
     def __init__(self, model, num_blocks: int, block_size: int, attention_backend: str = "auto"):
         self.model = model
+        self.num_blocks = num_blocks
         self.block_size = block_size
         weight = model.model.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         args = model.args
+        self.vocab_size = args.vocab_size
+        self.head_size = model.output_size
+        self.max_position_embeddings = args.max_position_embeddings
+        self.kv_bytes_per_block = kv_bytes_per_block(model, block_size, self.dtype)
         shape = (num_blocks, block_size, args.num_kv_heads, args.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
@@ -42,6 +44,19 @@ class ModelRunner:
         ]
         self.use_cpu_kernels = self._choose_backend(attention_backend)
         self.use_prefill_kernel = self.use_cpu_kernels and cpu_kernels.has_prefill_kernel(args.head_dim)
+
+    @classmethod
+    def from_checkpoint(cls, config: EngineConfig) -> "TorchModelRunner":
+        """Load config.model (a local Hugging Face folder); the KV pool is config.num_kv_blocks blocks,
+        or as many as config.kv_cache_memory_gb holds."""
+        model_max = read_hf_config(config.model).get("max_position_embeddings", 4096)
+        max_model_len = min(config.max_model_len or model_max, model_max)
+        model = load_model(config.model, config.dtype, config.device, max_model_len)
+        num_blocks = config.num_kv_blocks
+        if num_blocks is None:
+            per_block = kv_bytes_per_block(model, config.block_size, model.model.embed_tokens.weight.dtype)
+            num_blocks = max(int(config.kv_cache_memory_gb * 2**30) // per_block, 1)
+        return cls(model, num_blocks, config.block_size, config.attention_backend)
 
     def _choose_backend(self, backend: str) -> bool:
         if backend not in ("auto", "torch", "cpp"):
@@ -61,7 +76,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, hidden]
         head_index, head_rows = self._head_rows(batch)
         index = torch.tensor(head_index, dtype=torch.long, device=self.device)
-        return RunnerOutput(self.model.compute_head(hidden.index_select(0, index)), head_rows)
+        return RunnerOutput(self.model.compute_head(hidden.index_select(0, index)), head_rows)  # [R, head_size]
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
@@ -136,15 +151,10 @@ class ModelRunner:
         }
 
     def _head_rows(self, batch: ScheduledBatch) -> tuple[list[int], list[tuple[int, int]]]:
-        head_index, head_rows = [], []
-        offset = 0  # flat index of the row's first token
-        for row in batch.rows:
-            seq = row.seq
-            if seq.is_readout:
-                wanted = [offset + p - row.start for p in seq.readout_positions if row.start <= p < row.end]
-            else:
-                wanted = [offset + row.num_tokens - 1] if row.reaches_last_token else []
-            head_rows.append((len(head_index), len(wanted)))
-            head_index += wanted
-            offset += row.num_tokens
+        """(flat token index of every head position, (offset, count) per row)."""
+        positions, head_rows = head_layout(batch)
+        head_index, first = [], 0  # first: flat index of the row's first token
+        for row, wanted in zip(batch.rows, positions):
+            head_index += [first + p - row.start for p in wanted]
+            first += row.num_tokens
         return head_index, head_rows

@@ -218,16 +218,21 @@ class _Path:
 class Verifier:
     """Scores (question, steps) paths with a PRM engine; see the module docstring."""
 
-    def __init__(self, config: VerifierConfig):
+    def __init__(self, config: VerifierConfig, engine: Engine | None = None):
+        """engine: a PRM engine built elsewhere (the simulator's); None builds one from config.engine. A given
+        engine needs config.format named, as there is no config.json to read it from."""
+        if engine is not None and config.format is None:
+            raise ValueError("a verifier on a given engine needs its PRM format named (VerifierConfig.format)")
         self.config = config
-        self.engine = Engine(config.engine)
-        self.format: PRMFormat = make_format(self.engine.tokenizer, read_hf_config(config.engine.model), config.format)
+        self.engine = engine or Engine(config.engine)
+        hf_config = read_hf_config(config.engine.model) if config.format is None else {}
+        self.format: PRMFormat = make_format(self.engine.tokenizer, hf_config, config.format)
         self._check_head()
         self.cache = StepPrefixCache(self.engine, config.max_cached_prefixes)
         self.stats = VerifierStats()
 
     def _check_head(self) -> None:
-        has_lm_head = self.engine.model.output_size != 2
+        has_lm_head = self.engine.runner.head_size != 2
         if self.format.uses_lm_head != has_lm_head:
             kind = "an LM head" if self.format.uses_lm_head else "a 2-class score head"
             raise ValueError(f"format {self.format.name} needs {kind}; {self.config.engine.model} has another")

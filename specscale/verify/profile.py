@@ -163,7 +163,7 @@ def profile_prm(config: ProfileConfig, progress=None) -> PRMProfile:
     """Measure the PRM's input-token throughput at every batch size; progress(message) after each round."""
     engine = _profiling_engine(config)
     generator = torch.Generator().manual_seed(config.seed)
-    context_ids = _random_ids(generator, engine.model.args.vocab_size, config.context_tokens)
+    context_ids = _random_ids(generator, engine.runner.vocab_size, config.context_tokens)
     context = _run_readouts(engine, [engine.add(context_ids, None, readout_positions=[len(context_ids) - 1])])
     seconds = _measure(engine, context, config, generator, progress)
     engine.abort(context)
@@ -193,7 +193,7 @@ def _profiling_engine(config: ProfileConfig) -> Engine:
 def _measure(engine: Engine, context: int, config: ProfileConfig, generator, progress) -> dict[int, list[float]]:
     """Seconds per run of every batch size. Round 0 warms up; later rounds interleave the sizes, so a
     slow spell on a shared machine hits all of them alike."""
-    vocab = engine.model.args.vocab_size
+    vocab = engine.runner.vocab_size
     seconds: dict[int, list[float]] = {batch: [] for batch in sorted(config.batch_tokens)}
     for repeat in range(config.repeats + 1):
         for batch, times in seconds.items():

