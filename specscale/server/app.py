@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from specscale.search.presets import PRESETS
-from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RoundProgress
+from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RequestHandle, RoundProgress
 from specscale.server.errors import APIError, install_error_handlers
 from specscale.server.metrics import ServerMetrics
 from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -52,15 +52,7 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
     app.add_middleware(StatusCounter, metrics=metrics)
     started = int(time.time())
 
-    def require_api_key(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
-            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
-
-    api = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+    api = APIRouter(prefix="/v1", dependencies=[Depends(api_key_check(settings))])
     searches = SearchRoutes(engine_loop, builder, metrics, settings)
 
     @api.post("/chat/completions")
@@ -73,30 +65,57 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
 
     @api.get("/models")
     async def models():
-        card = {"id": settings.served_model_name, "object": "model", "created": started, "owned_by": "specscale",
-                "presets": sorted(PRESETS), "default_preset": settings.default_preset,
-                "max_beam_size": settings.max_beam_size, "max_model_len": builder.context_tokens}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model_card(settings, builder.context_tokens, started)]}
 
     app.include_router(api)
 
     @app.get("/health")
     async def health():
-        snapshot = engine_loop.snapshot
-        body = {"status": "ok" if snapshot.failure is None else "failed", "error": snapshot.failure,
-                "requests_running": snapshot.running, "requests_waiting": engine_loop.waiting(),
-                "kv_blocks_used": snapshot.kv_blocks_used, "kv_blocks_total": snapshot.kv_blocks_total,
-                "prm_kv_blocks_used": snapshot.prm_kv_blocks_used, "live_sequences": snapshot.live_sequences,
-                "ticks": snapshot.ticks}
-        return JSONResponse(body, status_code=200 if snapshot.failure is None else 503)
+        body = health_report(engine_loop)
+        return JSONResponse(body, status_code=200 if body["error"] is None else 503)
 
     @app.get("/metrics")
     async def prometheus():
-        snapshot = replace(engine_loop.snapshot, waiting=engine_loop.waiting())
-        return PlainTextResponse(metrics.render(snapshot),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(metrics_text(engine_loop, metrics), media_type=PROMETHEUS_TEXT)
 
     return app
+
+
+# ---- what /v1/models, /health and /metrics report (shared with the Ray ingress, docs/scale-out.md) -----
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def model_card(settings: ServerSettings, context_tokens: int, created: int) -> dict:
+    return {"id": settings.served_model_name, "object": "model", "created": created, "owned_by": "specscale",
+            "presets": sorted(PRESETS), "default_preset": settings.default_preset,
+            "max_beam_size": settings.max_beam_size, "max_model_len": context_tokens}
+
+
+def health_report(engine_loop: EngineLoop) -> dict:
+    snapshot = engine_loop.snapshot
+    return {"status": "ok" if snapshot.failure is None else "failed", "error": snapshot.failure,
+            "requests_running": snapshot.running, "requests_waiting": engine_loop.waiting(),
+            "kv_blocks_used": snapshot.kv_blocks_used, "kv_blocks_total": snapshot.kv_blocks_total,
+            "prm_kv_blocks_used": snapshot.prm_kv_blocks_used, "live_sequences": snapshot.live_sequences,
+            "ticks": snapshot.ticks}
+
+
+def metrics_text(engine_loop: EngineLoop, metrics: ServerMetrics) -> str:
+    return metrics.render(replace(engine_loop.snapshot, waiting=engine_loop.waiting()))
+
+
+def api_key_check(settings: ServerSettings):
+    """The /v1 routes' dependency: with an API key set, `Authorization: Bearer <key>` or 401."""
+
+    def require_api_key(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    return require_api_key
 
 
 class SearchRoutes:
@@ -112,17 +131,27 @@ class SearchRoutes:
     async def serve(self, request: Request, model: type[BaseModel], prepare, output: CompletionFormat):
         started = time.monotonic()
         body = validate(model, await read_json(request, self.settings.max_body_bytes))
+        prepared, handle = await self.submit(body, prepare, uuid.uuid4().hex)
+        session = SearchSession(self.engine_loop, handle, request.receive, prepared.timeout_s)
+        if prepared.stream:
+            events = self.stream(session, prepared, output, started)
+            return SessionStreamingResponse(session, events)
+        return JSONResponse(await self.answer(session, prepared, output, started))
+
+    async def submit(self, body: BaseModel, prepare, request_id: str) -> tuple[PreparedSearch, RequestHandle]:
+        """A validated body → its search on the engine thread, or an APIError (4xx, 429, 503)."""
         early = self.engine_loop.refusal()  # before spending a tokenization on a request that cannot wait
         if early is not None:
             raise refused(early)
-        prepared: PreparedSearch = await run_in_threadpool(prepare, body, uuid.uuid4().hex)
+        prepared: PreparedSearch = await run_in_threadpool(prepare, body, request_id)
         handle = self.engine_loop.submit(prepared.request, prepared.preset, wants_progress=prepared.stream)
         if isinstance(handle, Refusal):
             raise refused(handle)
-        session = SearchSession(self.engine_loop, handle, request.receive, prepared.timeout_s)
-        if prepared.stream:
-            events = self._stream(session, prepared, output, started)
-            return SessionStreamingResponse(session, events)
+        return prepared, handle
+
+    async def answer(self, session: SearchSession, prepared: PreparedSearch, output: CompletionFormat,
+                     started: float) -> dict:
+        """The whole (non-streamed) response body once the search is over, or an APIError (504, 503)."""
         try:
             last = await session.outcome()
         finally:
@@ -131,10 +160,10 @@ class SearchRoutes:
         if problem is not None:
             raise problem
         self._record(prepared, last, started)
-        return JSONResponse(output.response(prepared, last.result))
+        return output.response(prepared, last.result)
 
-    async def _stream(self, session: SearchSession, prepared: PreparedSearch, output: CompletionFormat,
-                      started: float):
+    async def stream(self, session: SearchSession, prepared: PreparedSearch, output: CompletionFormat,
+                     started: float):
         yield output.opening_chunk(prepared)
         async for event in session.events():
             if isinstance(event, RoundProgress):

@@ -15,7 +15,8 @@ import os
 import socket
 from pathlib import Path
 
-from specscale.pipeline import DEFAULT_LV_THRESHOLD, Pipeline, PipelineConfig
+from specscale.pipeline import DEFAULT_LV_THRESHOLD, PipelineConfig
+from specscale.scaleout.command import add_ray_flags
 from specscale.search.presets import PRESETS
 from specscale.server.settings import ServerSettings
 
@@ -51,6 +52,7 @@ def add_serve(sub) -> None:
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    add_ray_flags(p)
     p.set_defaults(func=run_serve)
 
 
@@ -60,6 +62,10 @@ def run_serve(args) -> int:
             print(f"specscale serve: no checkpoint at {folder} (--{name}); pass a local Hugging Face folder")
             return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    if args.ray:  # docs/scale-out.md
+        from specscale.scaleout.command import run_ray_serve, scale_out_config
+
+        return run_ray_serve(args, scale_out_config(args, pipeline_config(args), server_settings(args)))
     if args.threads:
         import torch
 
@@ -79,28 +85,27 @@ def run_serve(args) -> int:
 
 def build_server(args):
     """The app for these arguments: loads both models (the slow part)."""
-    from specscale.grading import shared_grader
     from specscale.server.app import build_app
-    from specscale.server.engine_loop import EngineLoop
-    from specscale.server.metrics import ServerMetrics
-    from specscale.server.search_builder import SearchBuilder
+    from specscale.server.search_stack import SearchStack
 
-    shared_grader().start()  # votes over non-numeric answers use math-verify: its worker imports while models load
-    pipeline = Pipeline(PipelineConfig(
+    stack = SearchStack.build(pipeline_config(args), server_settings(args))
+    return build_app(stack.engine_loop, stack.builder, stack.metrics, stack.settings, on_shutdown=stack.pipeline.close)
+
+
+def pipeline_config(args) -> PipelineConfig:
+    return PipelineConfig(
         generator=args.generator, prm=args.prm, device=args.device, generator_kv_gb=args.generator_kv_gb,
         prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency, lv_threshold_tokens=args.lv_threshold_tokens,
         system_prompt=args.system_prompt, seed=args.seed,
-    ))
-    settings = ServerSettings(
+    )
+
+
+def server_settings(args) -> ServerSettings:
+    return ServerSettings(
         served_model_name=_served_name(args), default_preset=args.default_preset, max_waiting=args.max_waiting,
         max_beam_size=args.max_beam_size, request_timeout_s=args.request_timeout, max_body_bytes=args.max_body_bytes,
         api_key=args.api_key or None,
     )
-    metrics = ServerMetrics()
-    engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s)
-    builder = SearchBuilder(pipeline.engine.tokenizer, pipeline.config.system_prompt, pipeline.engine.max_model_len,
-                            pipeline.verifier.format, pipeline.verifier.max_input_tokens, settings)
-    return build_app(engine_loop, builder, metrics, settings, on_shutdown=pipeline.close)
 
 
 def bind(host: str, port: int) -> socket.socket:
