@@ -16,7 +16,8 @@ class ScaleOutConfig:
     """replicas: search replicas (each a generator engine + PRM verifier + search runtime on one engine
     thread). replica_cpus / replica_gpus: the Ray resources each one reserves. threads: torch CPU threads
     per replica (None: replica_cpus rounded down, at least 1). router_queue: searches the ingress holds
-    for a free replica slot once every replica is full; one more is refused with 429 + Retry-After."""
+    while Serve's router finds them a replica slot (None: as many as the replicas hold, so that a burst the
+    cluster can take is never refused); one more is refused with 429 + Retry-After."""
 
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     settings: ServerSettings = field(default_factory=ServerSettings)
@@ -24,7 +25,7 @@ class ScaleOutConfig:
     replica_cpus: float = 1.0
     replica_gpus: float = 0.0
     threads: int | None = None
-    router_queue: int = 1
+    router_queue: int | None = None
     health_check_period_s: float = 2.0
 
     def __post_init__(self) -> None:
@@ -32,7 +33,7 @@ class ScaleOutConfig:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.replica_cpus < 0 or self.replica_gpus < 0:
             raise ValueError(f"replica_cpus and replica_gpus must be >= 0, got {self.replica_cpus}, {self.replica_gpus}")
-        if self.router_queue < 1:
+        if self.router_queue is not None and self.router_queue < 1:
             raise ValueError(f"router_queue must be >= 1, got {self.router_queue}")
 
     @property
@@ -40,6 +41,11 @@ class ScaleOutConfig:
         """Searches one replica holds: running plus waiting, what its engine loop admits before a 429.
         Ray Serve's router sends a replica no more than this (its `max_ongoing_requests`)."""
         return self.pipeline.max_concurrency + self.settings.max_waiting
+
+    @property
+    def ingress_queue(self) -> int:
+        """Serve's `max_queued_requests` for the replicas, at the ingress's router."""
+        return self.router_queue or self.replicas * self.replica_capacity
 
     @property
     def torch_threads(self) -> int:

@@ -116,16 +116,20 @@ class ForwardedSearch:
         return True
 
     async def _next(self):
-        """The call's next message, or ReplicaLost / CallEnded / a 429 Rejected (values, not exceptions)."""
+        """The call's next message, or ReplicaLost / CallEnded / a 429 Rejected (values, not exceptions).
+        A call that ended is forgotten: there is nothing left to cancel (and cancelling a call whose
+        routing failed would raise its error again)."""
         try:
             return await self.call.__anext__()
         except StopAsyncIteration:
-            return CallEnded()
+            ended = CallEnded()
         except BackPressureError:
-            return Rejected.of(APIError(429, "every replica is at capacity; retry later", code="queue_full",
-                                        headers={"Retry-After": str(self.retry_after_s)}))
+            ended = Rejected.of(APIError(429, "every replica is at capacity; retry later", code="queue_full",
+                                         headers={"Retry-After": str(self.retry_after_s)}))
         except (RayActorError, DeploymentUnavailableError) as error:
-            return ReplicaLost(f"{type(error).__name__}")
+            ended = ReplicaLost(f"{type(error).__name__}")
+        self.call = None
+        return ended
 
     def _lost(self, lost: ReplicaLost) -> Rejected:
         return Rejected.of(APIError(503, f"the replica serving this search failed ({lost.reason}) and the "
