@@ -32,7 +32,8 @@ class ScaleOutConfig:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.replica_cpus < 0 or self.replica_gpus < 0:
-            raise ValueError(f"replica_cpus and replica_gpus must be >= 0, got {self.replica_cpus}, {self.replica_gpus}")
+            raise ValueError(f"replica_cpus and replica_gpus must be >= 0, got {self.replica_cpus}, "
+                             f"{self.replica_gpus}")
         if self.router_queue is not None and self.router_queue < 1:
             raise ValueError(f"router_queue must be >= 1, got {self.router_queue}")
 
