@@ -40,7 +40,7 @@ MODEL = "tiny"
 REPLICAS, MAX_CONCURRENCY, MAX_WAITING = 2, 2, 2
 QUESTION = "Tom has 12 apples. He buys 7 more. How many apples does Tom have?"
 FAST = {"beam_size": 4, "beam_width": 2, "max_rounds": 3}  # a few 16-token steps: well under a second
-LONG = {"preset": "beam", "beam_size": 32, "beam_width": 4, "max_rounds": 40}  # seconds: long enough to cancel
+LONG = {"preset": "beam", "beam_size": 64, "beam_width": 4, "max_rounds": 40}  # about a second: time to cancel
 LONG_SAMPLING = {"max_tokens": 64, "temperature": 1.2}
 
 
@@ -74,7 +74,7 @@ def cluster(tmp_path_factory):
     config = ScaleOutConfig(
         PipelineConfig(generator=str(generator), prm=str(prm), generator_kv_gb=0.1, prm_kv_gb=0.1,
                        max_concurrency=MAX_CONCURRENCY, lv_threshold_tokens=256),
-        ServerSettings(served_model_name=MODEL, max_waiting=MAX_WAITING, request_timeout_s=60),
+        ServerSettings(served_model_name=MODEL, max_waiting=MAX_WAITING, max_beam_size=64, request_timeout_s=60),
         replicas=REPLICAS, replica_cpus=0.5, threads=1, health_check_period_s=1.0,
     )
     port = free_port("127.0.0.1")
@@ -187,7 +187,8 @@ def test_disconnect_mid_stream_frees_kv_on_the_serving_replica(cluster):
                                                                         json=body) as response:
         assert response.status_code == 200
         replica_id = response.headers[REPLICA_HEADER]
-        for line in response.iter_lines():
+        lines = response.iter_lines()  # held: a dropped iterator would close the response (a disconnect)
+        for line in lines:
             if "search_progress" in line:
                 break
         running = cluster.replica(replica_id)
@@ -230,7 +231,7 @@ def test_overload_answers_429_with_retry_after_and_nothing_hangs(cluster):
 def test_a_search_past_its_time_budget_answers_504(client, cluster):
     with pytest.raises(openai.APIStatusError) as caught:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], seed=1,
-                                       extra_body={"search": dict(LONG, timeout_s=0.3)}, **LONG_SAMPLING)
+                                       extra_body={"search": dict(LONG, timeout_s=0.05)}, **LONG_SAMPLING)
     assert caught.value.status_code == 504 and caught.value.body["code"] == "timeout"
     cluster.wait_idle()
 

@@ -11,12 +11,14 @@ the replicas' series with the ingress's own HTTP counts and its replica-failure 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
+from ray.exceptions import TaskCancelledError
 
 from specscale.scaleout.cluster_counters import ClusterCounters
 from specscale.scaleout.config import ScaleOutConfig
@@ -30,6 +32,7 @@ from specscale.server.metrics import ServerMetrics
 from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
 
 REPLICA_HEADER = "X-SpecScale-Replica"  # which replica answered (the first one, for a retried stream)
+log = logging.getLogger("specscale.server")
 POLL_TIMEOUT_S = 5.0  # a replica that does not answer a /health or /metrics poll within this is left out
 HEALTH_TOTALS = ("requests_running", "requests_waiting", "kv_blocks_used", "kv_blocks_total", "prm_kv_blocks_used",
                  "live_sequences", "ticks")
@@ -108,12 +111,15 @@ class ForwardedStreamingResponse(StreamingResponse):
 
     def __init__(self, search: ForwardedSearch, replica_id: str):
         super().__init__(search.chunks(), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", REPLICA_HEADER: replica_id})
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                  REPLICA_HEADER: replica_id})
         self.search = search
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except TaskCancelledError:  # how Ray Serve's receive channel says that the client went away
+            log.debug("the client of a stream went away; its search is cancelled")
         finally:
             self.search.close()
 
