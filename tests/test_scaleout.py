@@ -18,6 +18,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -204,6 +205,42 @@ def test_disconnect_mid_stream_frees_kv_on_the_serving_replica(cluster):
     within_a_tick = metric(text, 'specscale_cancel_delay_ticks_bucket{le="1"}')
     assert within_a_tick - metric(before, 'specscale_cancel_delay_ticks_bucket{le="1"}') == 1
     print(f"disconnect mid-stream on replica {replica_id}: {running['kv_blocks_used']} KV blocks before, 0 after")
+
+
+def test_disconnect_while_waiting_for_a_whole_answer_cancels_the_search(cluster):
+    before = cluster.metrics()
+    payload = json.dumps(chat_body(LONG, **LONG_SAMPLING)).encode()
+    host, port = cluster.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        deadline = time.monotonic() + 20
+        while cluster.health()["kv_blocks_used"] == 0:  # the search runs on some replica
+            assert time.monotonic() < deadline, "the search never started"
+            time.sleep(0.02)
+    while (metric(cluster.metrics(), 'specscale_requests_cancelled_total{reason="disconnect"}')
+           == metric(before, 'specscale_requests_cancelled_total{reason="disconnect"}')):
+        assert time.monotonic() < deadline + 20, "the disconnect did not cancel the search"
+        time.sleep(0.05)
+    assert cluster.wait_idle()["live_sequences"] == 0
+
+
+def test_bad_input_gets_its_4xx_from_the_ingress_or_the_replica(cluster):
+    with httpx.Client(base_url=cluster.url, timeout=60) as h:
+        cases = [  # (path, body, status, param): checked at the ingress (schema) or on a replica (search)
+            ("/v1/chat/completions", chat_body(temperature=5), 400, "temperature"),
+            ("/v1/chat/completions", chat_body({"preset": "greedy"}), 400, "search.preset"),
+            ("/v1/chat/completions", chat_body(model="other"), 404, "model"),
+            ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
+        ]
+        for path, body, status, param in cases:
+            response = h.post(path, json=body)
+            assert response.status_code == status and response.json()["error"]["param"] == param, response.text
+        assert h.post("/v1/chat/completions", content=b"{").json()["error"]["code"] == "invalid_json"
+        assert h.get("/v1/nothing").status_code == 404
+        text = h.post("/v1/completions", json={"model": MODEL, "prompt": QUESTION, "max_tokens": 16,
+                                                "search": FAST}).json()
+        assert text["object"] == "text_completion" and text["choices"][0]["text"]
 
 
 def test_overload_answers_429_with_retry_after_and_nothing_hangs(cluster):

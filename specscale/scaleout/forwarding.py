@@ -4,7 +4,7 @@ streaming handle call (the replica is picked by Serve's router; docs/scale-out.m
 A replica that dies under a request (its process killed, its node lost) surfaces here as a Ray actor
 error. The request is then sent again, once, to another replica: a search restarted from scratch with
 the same seed is the same search, so a retried stream skips the chunks its client already has. A stream
-that already sent chunks of an unseeded search cannot be replayed and ends with a 503 error event. A
+that already sent progress of an unseeded search cannot be replayed and ends with a 503 error event. A
 full cluster (Serve's router queue over its bound) answers 429 + Retry-After; a request that waits for
 its first answer past its time budget, 504.
 """
@@ -23,6 +23,7 @@ from specscale.server.errors import APIError
 from specscale.server.responses import DONE, sse
 
 RETRIES = 1
+OPENING_CHUNKS = 1  # a stream's first chunk (the assistant role) is the same for any search of the request
 FIRST_ANSWER_GRACE_S = 5.0  # the replica enforces the budget; the ingress waits this much longer
 
 
@@ -107,7 +108,7 @@ class ForwardedSearch:
     # ---- helpers ---------------------------------------------------------------------------------------
     def _may_retry(self, lost: ReplicaLost, sent: int) -> bool:
         self.counters.replica_lost()
-        replayable = sent == 0 or getattr(self.body, "seed", None) is not None
+        replayable = sent <= OPENING_CHUNKS or self.body.seed is not None
         if self.retries_left < 1 or not replayable:
             self.counters.retry("not_retried")
             return False
