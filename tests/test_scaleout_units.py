@@ -1,9 +1,14 @@
 """The parts of `specscale serve --ray` that need no Ray instance: summing the replicas' Prometheus
-expositions, the ingress's own counters, the scale-out config and the `serve --ray` flags."""
+expositions, the ingress's own counters, the scale-out config, the `serve --ray` flags, and the ingress's
+retry / replay logic (`ForwardedSearch`) driven by a scripted stand-in for the replicas' handle."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from ray.exceptions import ActorDiedError
+from ray.serve.exceptions import BackPressureError
 
 from specscale.cli import build_parser
 from specscale.pipeline import PipelineConfig
@@ -11,9 +16,12 @@ from specscale.scaleout.cluster_counters import ClusterCounters
 from specscale.scaleout.command import scale_out_config
 from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.exposition import only_families, sum_expositions
+from specscale.scaleout.forwarding import ForwardedSearch
+from specscale.scaleout.messages import Answered, Rejected, StreamOpened
 from specscale.server.command import pipeline_config, server_settings
 from specscale.server.engine_loop import EngineSnapshot
 from specscale.server.metrics import ServerMetrics
+from specscale.server.protocol import ChatCompletionRequest
 from specscale.server.settings import ServerSettings
 
 
@@ -85,3 +93,102 @@ def test_serve_ray_flags_build_a_config_with_absolute_checkpoint_paths(tmp_path,
     assert args.ray and config.replicas == 3 and config.replica_cpus == 2 and config.replica_gpus == 0.5
     assert config.pipeline.generator == str(tmp_path / "gen") and config.pipeline.prm == str(tmp_path / "prm")
     assert config.replica_capacity == 6
+
+
+# ---- ForwardedSearch against a scripted handle: the retry and replay logic, exactly ---------------------
+class ScriptedCall:
+    """A replica's streaming call: yields its items, then raises `failure` (if any) where the script says."""
+
+    def __init__(self, items: list, failure: BaseException | None = None):
+        self.items = list(items)
+        self.failure = failure
+        self.cancelled = False
+
+    async def __anext__(self):
+        if self.items:
+            return self.items.pop(0)
+        if self.failure is not None:
+            raise self.failure
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ScriptedReplicas:
+    """Stands in for the SearchReplica deployment handle: each `search.remote` takes the next scripted call."""
+
+    def __init__(self, calls: list[ScriptedCall]):
+        self.calls = calls
+        self.sent = 0
+        self.search = self
+
+    def options(self, stream: bool):
+        return self
+
+    def remote(self, body, chat, request_id):
+        self.sent += 1
+        return self.calls.pop(0)
+
+
+def _forwarded(calls: list[ScriptedCall], seed: int | None = 3):
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "q"}], "seed": seed})
+    counters = ClusterCounters()
+    replicas = ScriptedReplicas(calls)
+    return ForwardedSearch(replicas, body, True, "rid", 10.0, 2, counters), replicas, counters
+
+
+async def _collect(search) -> tuple:
+    first = await search.open()
+    chunks = [chunk async for chunk in search.chunks()] if isinstance(first, StreamOpened) else []
+    return first, chunks
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_a_seeded_stream_whose_replica_dies_is_replayed_without_repeating_a_chunk():
+    chunks = ["open", "round 0", "round 1", "answer", "data: [DONE]\n\n"]
+    dying = ScriptedCall([StreamOpened("a"), *chunks[:3]], ActorDiedError())
+    search, replicas, counters = _forwarded([dying, ScriptedCall([StreamOpened("b"), *chunks])])
+    first, received = _run(_collect(search))
+    assert first == StreamOpened("a") and received == chunks and replicas.sent == 2
+    assert counters.replicas_lost == 1 and counters.retries == {"retried": 1}
+
+
+def test_an_unseeded_stream_that_sent_progress_ends_with_a_503_event_and_a_second_loss_too():
+    search, _, counters = _forwarded([ScriptedCall([StreamOpened("a"), "open", "round 0"], ActorDiedError())],
+                                     seed=None)
+    _, received = _run(_collect(search))
+    assert received[:2] == ["open", "round 0"] and received[-1] == "data: [DONE]\n\n"
+    assert '"code": "replica_failed"' in received[2] and counters.retries == {"not_retried": 1}
+
+    twice = [ScriptedCall([StreamOpened("a"), "open"], ActorDiedError()),
+             ScriptedCall([StreamOpened("b"), "open", "round 0"], ActorDiedError())]
+    search, replicas, counters = _forwarded(twice)
+    _, received = _run(_collect(search))
+    assert received[:2] == ["open", "round 0"] and '"code": "replica_failed"' in received[2]
+    assert replicas.sent == 2 and counters.retries == {"retried": 1, "not_retried": 1}
+
+
+def test_a_whole_answer_is_retried_once_then_answered_503_and_backpressure_is_a_429():
+    search, replicas, _ = _forwarded([ScriptedCall([], ActorDiedError()), ScriptedCall([Answered({"id": 1}, "b")])])
+    assert _run(search.open()) == Answered({"id": 1}, "b") and replicas.sent == 2
+
+    search, _, _ = _forwarded([ScriptedCall([], ActorDiedError()), ScriptedCall([], ActorDiedError())])
+    lost = _run(search.open())
+    assert isinstance(lost, Rejected) and lost.status == 503 and lost.body["error"]["code"] == "replica_failed"
+
+    search, _, _ = _forwarded([ScriptedCall([], BackPressureError(9, 8))])
+    full = _run(search.open())
+    assert full.status == 429 and full.headers == {"Retry-After": "2"}
+    search.close()  # nothing left to cancel: a call whose routing failed is not touched again
+
+
+def test_closing_a_running_search_cancels_its_replica_call():
+    running = ScriptedCall([StreamOpened("a"), "open", "round 0", "round 1"])
+    search, _, _ = _forwarded([running])
+    assert _run(search.open()) == StreamOpened("a")
+    search.close()
+    assert running.cancelled
