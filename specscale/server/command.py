@@ -108,7 +108,7 @@ def build_server(args):
     pipeline = Pipeline(PipelineConfig(
         generator=args.generator, prm=args.prm, device=args.device, generator_kv_gb=args.generator_kv_gb,
         prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency, lv_threshold_tokens=args.lv_threshold_tokens,
-        system_prompt=args.system_prompt, seed=args.seed,
+        system_prompt=args.system_prompt, seed=args.seed, trust_special_tokens=args.trust_special_tokens,
     ))
     settings = ServerSettings(
         served_model_name=_served_name(args), default_preset=args.default_preset, max_waiting=args.max_waiting,
