@@ -114,6 +114,11 @@ class RawConnection:
             self.conn.start_next_cycle()
         return reply
 
+    @property
+    def reusable(self) -> bool:
+        """Between two exchanges (not part-way through one that failed)."""
+        return self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE
+
     def post_json(self, path: str, payload: bytes, key: str | None = API_KEY) -> Reply:
         headers = {"Content-Type": "application/json"}
         if key is not None:
