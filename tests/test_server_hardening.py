@@ -183,6 +183,26 @@ def _peer_closed(sock: socket.socket) -> bool:
     return data == b"" or data.startswith(b"HTTP/1.1 408")
 
 
+def test_a_kept_alive_connection_between_requests_is_not_cut_by_the_header_timeout(live):
+    connection = live.connect()
+    assert connection.request("GET", "/health").status == 200
+    time.sleep(SETTINGS.header_timeout_s * 3)  # idle: uvicorn's keep-alive timeout (5 s) applies
+    assert connection.request("GET", "/health").status == 200
+    connection.close()
+
+
+def test_a_connection_left_idle_after_an_early_answer_is_closed(live):
+    """401 before the body was read; the client finishes the body and then sends nothing more."""
+    sock = _slow_client(live, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
+    time.sleep(0.1)
+    sock.sendall(b"0123456789")
+    started = time.monotonic()
+    answer = _read_until_closed(sock)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 401 ") and b"HTTP/1.1 408 " in answer
+    assert time.monotonic() - started < 3.0
+
+
 def test_connections_beyond_the_cap_get_503_and_are_closed(live):
     idle = [socket.create_connection((live.host, live.port), timeout=5) for _ in range(SETTINGS.max_connections)]
     time.sleep(0.1)

@@ -47,28 +47,30 @@ class GuardedH11Protocol(H11Protocol):
             self._answer_and_close(503, f"the server has its limit of {self.settings.max_connections} open "
                                    "connections; retry later")
             return
-        self._watch_reading(request_started=True)
+        self._watch_reading()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        self._watch_reading(request_started=True)
+        self._watch_reading()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._watch_reading(request_started=False)  # an idle kept-alive connection: uvicorn's timeout
+        self._watch_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel(header=True, body=True)
         super().connection_lost(exc)
 
     # ---- deadlines -----------------------------------------------------------------------------------
-    def _watch_reading(self, request_started: bool) -> None:
-        """Arm or cancel the two deadlines after the client's side of the connection moved (or not)."""
+    def _watch_reading(self) -> None:
+        """Arm or cancel the two deadlines after the client's side of the connection moved (or not). A
+        connection waiting for a request is under uvicorn's keep-alive timeout when that is armed (idle
+        after a response), else under the header deadline (new, or part of a request received)."""
         if self.transport.is_closing():
             self._cancel(header=True, body=True)
             return
         state = self.conn.their_state
-        reading_headers = state is h11.IDLE and request_started
+        reading_headers = state is h11.IDLE and self.timeout_keep_alive_task is None
         if reading_headers and self._header_deadline is None:
             self._header_deadline = self.loop.call_later(self.settings.header_timeout_s, self._timed_out, "headers")
         if state is h11.SEND_BODY and self._body_deadline is None:
