@@ -331,7 +331,7 @@ def test_overload_every_request_is_answered_and_no_kv_block_stays_in_use(server)
     assert set(statuses) <= {200, 429}, sorted(set(statuses))
     assert statuses.count(200) >= MAX_CONCURRENCY and statuses.count(429) > 0
     assert retry_after and all(value.isdigit() for value in retry_after)
-    assert max(waiting_seen) <= MAX_WAITING + MAX_CONCURRENCY
+    assert max(waiting_seen) <= MAX_WAITING  # /health counts what the bound counts
     health = server.wait_idle()
     assert health["kv_blocks_used"] == 0 and health["live_sequences"] == 0
     print(f"overload: {statuses.count(200)} answered 200, {statuses.count(429)} refused 429; "

@@ -204,6 +204,7 @@ class RLHFlowFormat(PRMFormat):
         if self.plus_id == self.minus_id:
             raise ValueError(f"{self.name}: '+' and '-' encode to the same token")
         self._turn_before, self._turn_after = self._step_turn(tokenizer)
+        self._first_piece = functools.lru_cache(maxsize=1024)(self._render_first_piece)
         super().__init__(tokenizer, trust_special_tokens)
 
     def messages(self, question: str, steps: Sequence[str]) -> list[dict[str, str]]:
@@ -214,9 +215,12 @@ class RLHFlowFormat(PRMFormat):
         return chat
 
     def step_pieces(self, question: str, steps: Sequence[str]) -> list[ChatText]:
-        first = self.render_text(question, steps[:1])  # header, first user turn, first "+" turn
+        first = self._first_piece(question, steps[0])  # header, first user turn, first "+" turn
         before, after = ChatText.template(self._turn_before), ChatText.template(self._turn_after)
         return [first] + [before + ChatText.content(step.strip()) + after for step in steps[1:]]
+
+    def _render_first_piece(self, question: str, step: str) -> ChatText:
+        return self.render_text(question, [step])
 
     def _step_turn(self, tokenizer: Tokenizer) -> tuple[str, str]:
         """The template's text around a later step: (before the step text, after it through the "+" turn)."""
