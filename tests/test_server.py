@@ -269,8 +269,9 @@ BAD_INPUTS = [
     ("empty prompt", "/v1/completions", {"model": MODEL, "prompt": "  "}, API_KEY, 400, "prompt", "empty"),
     ("prompt of the wrong type", "/v1/completions", {"model": MODEL, "prompt": 42}, API_KEY, 400, "prompt", "string"),
     ("echo", "/v1/completions", {"model": MODEL, "prompt": "hi", "echo": True}, API_KEY, 400, "echo", "not supported"),
-    ("lone surrogate", "/v1/chat/completions", json.dumps(chat_body(messages=[{"role": "user", "content": "hi \ud800"}]))
-     .encode(), API_KEY, 400, "messages[0].content", "surrogate"),
+    ("lone surrogate", "/v1/chat/completions",
+     json.dumps(chat_body(messages=[{"role": "user", "content": "hi \ud800"}])).encode(), API_KEY, 400,
+     "messages[0].content", "surrogate"),
     ("nested 5,000 levels", "/v1/chat/completions", b"[" * 5000 + b"]" * 5000, API_KEY, 400, None, "deeper"),
     ("tool_choice", "/v1/chat/completions", chat_body(tool_choice="auto"), API_KEY, 400, "tool_choice", "tool calls"),
     ("missing API key", "/v1/chat/completions", chat_body(), None, 401, None, "API key"),
