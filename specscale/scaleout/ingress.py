@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import TaskCancelledError
@@ -25,11 +25,12 @@ from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.exposition import only_families, sum_expositions
 from specscale.scaleout.forwarding import ForwardedSearch
 from specscale.scaleout.messages import Rejected, StreamOpened
-from specscale.server.app import PROMETHEUS_TEXT, StatusCounter, api_key_check, read_json, validate
+from specscale.server.app import PROMETHEUS_TEXT, install_middleware
 from specscale.server.engine_loop import EngineSnapshot
-from specscale.server.errors import install_error_handlers
+from specscale.server.errors import APIError, install_error_handlers
 from specscale.server.metrics import ServerMetrics
 from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
+from specscale.server.request_body import read_json, validate
 
 REPLICA_HEADER = "X-SpecScale-Replica"  # which replica answered (the first one, for a retried stream)
 log = logging.getLogger("specscale.server")
@@ -72,8 +73,14 @@ class Ingress:
 
     # ---- reports -------------------------------------------------------------------------------------
     async def model_list(self) -> dict:
+        """Every replica serves the same model; the first that answers gives its card (by broadcast, which a
+        full cluster does not refuse), kept from then on."""
         if self._model_card is None:
-            self._model_card = await self.replicas.model_card.remote(self.started)
+            cards = await self.replicas.broadcast("model_card", self.started).results_async(
+                timeout_s=POLL_TIMEOUT_S, return_exceptions=True)
+            self._model_card = next((c for c in cards if isinstance(c, dict)), None)
+        if self._model_card is None:
+            raise APIError(503, "no replica answered; retry later", code="replica_failed")
         return {"object": "list", "data": [self._model_card]}
 
     async def health(self) -> JSONResponse:
@@ -125,10 +132,11 @@ class ForwardedStreamingResponse(StreamingResponse):
 
 
 def build_ingress_app(ingress: Ingress) -> FastAPI:
-    app = FastAPI(title="SpecScale on Ray Serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="SpecScale on Ray Serve", docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     install_error_handlers(app)
-    app.add_middleware(StatusCounter, metrics=ingress.metrics)
-    api = APIRouter(prefix="/v1", dependencies=[Depends(api_key_check(ingress.config.settings))])
+    install_middleware(app, ingress.metrics, ingress.config.settings)  # status counts, API key, error guard
+    api = APIRouter(prefix="/v1")
 
     @api.post("/chat/completions")
     async def chat_completions(request: Request):
@@ -144,7 +152,7 @@ def build_ingress_app(ingress: Ingress) -> FastAPI:
 
     app.include_router(api)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         return await ingress.health()
 

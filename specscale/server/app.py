@@ -3,36 +3,35 @@
 `POST /v1/chat/completions` and `POST /v1/completions` read the body (413 over the size limit, 400 on
 malformed JSON), validate it (400 naming the field), prepare the search (tokenization off the event
 loop), submit it (429 + Retry-After when the waiting queue is full) and then either await its outcome
-or stream its events as Server-Sent Events. `GET /v1/models`, `/health` and `/metrics` report. With an
-API key, the /v1 routes need `Authorization: Bearer <key>` (401 otherwise).
+or stream its events as Server-Sent Events. `GET /v1/models`, `/health` (also HEAD) and `/metrics` report.
+With an API key, every path under /v1 needs `Authorization: Bearer <key>` (401 before routing; /health
+and /metrics too with `protect_metrics`). No redirects: a path with a trailing slash is 404.
+`build_app` is the one way to make the app (`specscale serve` runs it under uvicorn).
 """
 
 from __future__ import annotations
 
-import hmac
-import json
 import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from specscale.search.presets import PRESETS
 from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RequestHandle, RoundProgress
-from specscale.server.errors import APIError, install_error_handlers
+from specscale.server.errors import CLIENT_CLOSED, APIError, install_error_handlers
 from specscale.server.metrics import ServerMetrics
+from specscale.server.middleware import ApiKeyGuard, ErrorGuard, StatusCounter
 from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
+from specscale.server.request_body import read_json, validate
 from specscale.server.responses import DONE, CompletionFormat, ranked_paths, sse
 from specscale.server.search_builder import PreparedSearch, SearchBuilder
 from specscale.server.session import Interrupted, SearchSession
 from specscale.server.settings import ServerSettings
-
-CLIENT_CLOSED = 499  # nginx's status for a client that went away; never reaches that client
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
 
 def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMetrics,
@@ -47,12 +46,14 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
         if on_shutdown is not None:
             on_shutdown()
 
-    app = FastAPI(title="SpecScale", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="SpecScale", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     install_error_handlers(app)
-    app.add_middleware(StatusCounter, metrics=metrics)
+    install_middleware(app, metrics, settings)
+    app.state.settings = settings  # what `specscale serve` configures uvicorn's connection limits from
     started = int(time.time())
 
-    api = APIRouter(prefix="/v1", dependencies=[Depends(api_key_check(settings))])
+    api = APIRouter(prefix="/v1")
     searches = SearchRoutes(engine_loop, builder, metrics, settings)
 
     @api.post("/chat/completions")
@@ -69,7 +70,7 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
 
     app.include_router(api)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         body = health_report(engine_loop)
         return JSONResponse(body, status_code=200 if body["error"] is None else 503)
@@ -104,18 +105,14 @@ def metrics_text(engine_loop: EngineLoop, metrics: ServerMetrics) -> str:
     return metrics.render(replace(engine_loop.snapshot, waiting=engine_loop.waiting()))
 
 
-def api_key_check(settings: ServerSettings):
-    """The /v1 routes' dependency: with an API key set, `Authorization: Bearer <key>` or 401."""
-
-    def require_api_key(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
-            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
-
-    return require_api_key
+def install_middleware(app: FastAPI, metrics: ServerMetrics, settings: ServerSettings) -> None:
+    """Outermost first: the status counter, the API key check, the unexpected-error guard (see
+    server/middleware.py); the last one added wraps the others."""
+    app.add_middleware(ErrorGuard)
+    if settings.api_key is not None:
+        extra = ("/health", "/metrics") if settings.protect_metrics else ()
+        app.add_middleware(ApiKeyGuard, api_key=settings.api_key, extra_paths=extra)
+    app.add_middleware(StatusCounter, metrics=metrics)
 
 
 class SearchRoutes:
@@ -198,75 +195,6 @@ class SessionStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.session.close()
-
-
-class StatusCounter:
-    """ASGI middleware counting responses by route and status (a pure ASGI wrapper: it leaves the
-    request's receive channel, and so disconnect detection, untouched)."""
-
-    def __init__(self, app, metrics: ServerMetrics):
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = scope["path"] if scope["path"] in ROUTES else "other"
-
-        async def counting_send(message) -> None:
-            if message["type"] == "http.response.start":
-                self.metrics.response(route, message["status"])
-            await send(message)
-
-        await self.app(scope, receive, counting_send)
-
-
-# ---- request bodies --------------------------------------------------------------------------------
-async def read_json(request: Request, limit: int):
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the request body is {declared} bytes; the limit is {limit} bytes", code="body_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"the request body exceeds the limit of {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks), parse_constant=_reject_constant)
-    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, NaN / Infinity
-        raise APIError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from error
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def validate(model: type[BaseModel], payload) -> BaseModel:
-    if not isinstance(payload, dict):
-        raise APIError(400, f"the request body must be a JSON object, not {type(payload).__name__}",
-                       code="invalid_json")
-    try:
-        return model.model_validate(payload)
-    except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        param = field_path(first["loc"])
-        raise APIError(400, f"{param}: {first['msg']}", param, first["type"]) from error
-
-
-def field_path(loc: tuple) -> str:
-    """('messages', 0, 'content', 'str') → 'messages[0].content' (union member tags dropped)."""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part.isidentifier() and part not in _TYPE_TAGS:
-            path += f".{part}" if path else part
-    return path
-
-
-_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def refused(refusal: Refusal) -> APIError:
