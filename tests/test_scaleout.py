@@ -38,6 +38,8 @@ from specscale.scaleout.ingress import REPLICA_HEADER
 from specscale.server.settings import ServerSettings
 
 MODEL = "tiny"
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 REPLICAS, MAX_CONCURRENCY, MAX_WAITING = 2, 2, 2
 QUESTION = "Tom has 12 apples. He buys 7 more. How many apples does Tom have?"
 FAST = {"beam_size": 4, "beam_width": 2, "max_rounds": 3}  # a few 16-token steps: well under a second
@@ -75,7 +77,8 @@ def cluster(tmp_path_factory):
     config = ScaleOutConfig(
         PipelineConfig(generator=str(generator), prm=str(prm), generator_kv_gb=0.1, prm_kv_gb=0.1,
                        max_concurrency=MAX_CONCURRENCY, lv_threshold_tokens=256),
-        ServerSettings(served_model_name=MODEL, max_waiting=MAX_WAITING, max_beam_size=64, request_timeout_s=60),
+        ServerSettings(served_model_name=MODEL, max_waiting=MAX_WAITING, max_beam_size=64, request_timeout_s=60,
+                       api_key=API_KEY),
         replicas=REPLICAS, replica_cpus=0.5, threads=1, health_check_period_s=1.0,
     )
     port = free_port("127.0.0.1")
@@ -92,7 +95,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(cluster):
-    return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
 
 def chat_body(search: dict | None = None, **fields) -> dict:
@@ -184,8 +187,8 @@ def test_metrics_are_summed_over_the_replicas(cluster):
 def test_disconnect_mid_stream_frees_kv_on_the_serving_replica(cluster):
     before = cluster.metrics()
     body = chat_body(LONG, stream=True, **LONG_SAMPLING)
-    with httpx.Client(base_url=cluster.url, timeout=60) as h, h.stream("POST", "/v1/chat/completions",
-                                                                        json=body) as response:
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=60) as h, \
+            h.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
         replica_id = response.headers[REPLICA_HEADER]
         lines = response.iter_lines()  # held: a dropped iterator would close the response (a disconnect)
@@ -213,7 +216,7 @@ def test_disconnect_while_waiting_for_a_whole_answer_cancels_the_search(cluster)
     host, port = cluster.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+                     f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
         deadline = time.monotonic() + 20
         while cluster.health()["kv_blocks_used"] == 0:  # the search runs on some replica
             assert time.monotonic() < deadline, "the search never started"
@@ -225,8 +228,8 @@ def test_disconnect_while_waiting_for_a_whole_answer_cancels_the_search(cluster)
     assert cluster.wait_idle()["live_sequences"] == 0
 
 
-def test_bad_input_gets_its_4xx_from_the_ingress_or_the_replica(cluster):
-    with httpx.Client(base_url=cluster.url, timeout=60) as h:
+def test_bad_input_and_a_missing_key_get_their_4xx_from_the_ingress_or_the_replica(cluster):
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=60) as h:
         cases = [  # (path, body, status, param): checked at the ingress (schema) or on a replica (search)
             ("/v1/chat/completions", chat_body(temperature=5), 400, "temperature"),
             ("/v1/chat/completions", chat_body({"preset": "greedy"}), 400, "search.preset"),
@@ -237,6 +240,8 @@ def test_bad_input_gets_its_4xx_from_the_ingress_or_the_replica(cluster):
             response = h.post(path, json=body)
             assert response.status_code == status and response.json()["error"]["param"] == param, response.text
         assert h.post("/v1/chat/completions", content=b"{").json()["error"]["code"] == "invalid_json"
+        unauthorized = httpx.post(f"{cluster.url}/v1/chat/completions", json=chat_body(), timeout=60)
+        assert unauthorized.status_code == 401 and unauthorized.json()["error"]["code"] == "invalid_api_key"
         assert h.get("/v1/nothing").status_code == 404
         text = h.post("/v1/completions", json={"model": MODEL, "prompt": QUESTION, "max_tokens": 16,
                                                 "search": FAST}).json()
@@ -249,7 +254,7 @@ def test_overload_answers_429_with_retry_after_and_nothing_hangs(cluster):
         return response.status_code, response.headers.get("retry-after"), response.json()
 
     async def flood():
-        async with httpx.AsyncClient(base_url=cluster.url, timeout=120,
+        async with httpx.AsyncClient(base_url=cluster.url, headers=AUTH, timeout=120,
                                      limits=httpx.Limits(max_connections=200)) as h:
             return await asyncio.wait_for(asyncio.gather(*(one(h) for _ in range(80))), timeout=150)
 
@@ -337,6 +342,6 @@ def _wait_for_replacement(cluster: Cluster, original: set[str], victim: str, tim
     else:
         raise AssertionError(f"Ray Serve did not replace replica {victim}: {cluster.health()}")
     replaced = (ids - original).pop()
-    with httpx.Client(base_url=cluster.url, timeout=60) as h:  # the router sends the new replica work
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=60) as h:  # the router sends the new replica work
         served = {h.post("/v1/chat/completions", json=chat_body()).headers[REPLICA_HEADER] for _ in range(12)}
     assert replaced in served, f"the new replica {replaced} got no request: {served}"
