@@ -3,14 +3,13 @@ OpenAI API as `specscale serve` (server/app.py) in front of the search replicas 
 
 Completions: the body is read, validated and authenticated here (the same functions as the single-process
 server); the search goes to a replica through a Ray Serve streaming handle call, routed by Serve's router
-(`ForwardedSearch`). `/v1/models` asks one replica for its model card. `/health` and `/metrics` ask every
-replica at once (Serve's handle `broadcast`): `/health` lists each replica and the totals, `/metrics` sums
-the replicas' series with the ingress's own HTTP counts and its replica-failure counters.
+(`ForwardedSearch`). `/v1/models`, `/health` and `/metrics` ask every replica at once (Serve's handle
+`broadcast`, which a full cluster does not refuse): `/health` lists each replica and the totals,
+`/metrics` sums the replicas' series with the ingress's own HTTP counts and its replica-failure counters.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -19,6 +18,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import TaskCancelledError
+from ray.serve.exceptions import DeploymentUnavailableError
 
 from specscale.scaleout.cluster_counters import ClusterCounters
 from specscale.scaleout.config import ScaleOutConfig
@@ -73,12 +73,9 @@ class Ingress:
 
     # ---- reports -------------------------------------------------------------------------------------
     async def model_list(self) -> dict:
-        """Every replica serves the same model; the first that answers gives its card (by broadcast, which a
-        full cluster does not refuse), kept from then on."""
+        """Every replica serves the same model: the first card that comes back is kept."""
         if self._model_card is None:
-            cards = await self.replicas.broadcast("model_card", self.started).results_async(
-                timeout_s=POLL_TIMEOUT_S, return_exceptions=True)
-            self._model_card = next((c for c in cards if isinstance(c, dict)), None)
+            self._model_card = next(iter(await self._broadcast("model_card", self.started)), None)
         if self._model_card is None:
             raise APIError(503, "no replica answered; retry later", code="replica_failed")
         return {"object": "list", "data": [self._model_card]}
@@ -101,15 +98,20 @@ class Ingress:
         return PlainTextResponse(sum_expositions(texts) + cluster, media_type=PROMETHEUS_TEXT)
 
     async def _poll(self) -> list:
-        """Every live replica's ReplicaStatus (those that fail or time out are left out)."""
-        try:
-            results = await self.replicas.broadcast("status").results_async(timeout_s=POLL_TIMEOUT_S,
-                                                                            return_exceptions=True)
-        except (TimeoutError, asyncio.TimeoutError):
-            results = []
-        statuses = [r for r in results if not isinstance(r, BaseException)]
+        """Every live replica's ReplicaStatus, by replica id."""
+        statuses = await self._broadcast("status")
         self.counters.saw_replicas([s.replica_id for s in statuses])
         return sorted(statuses, key=lambda s: s.replica_id)
+
+    async def _broadcast(self, method: str, *args) -> list:
+        """`method` on every replica at once; those that fail or do not answer within POLL_TIMEOUT_S are left
+        out (all of them when the deployment has no replica up)."""
+        try:
+            results = await self.replicas.broadcast(method, *args).results_async(timeout_s=POLL_TIMEOUT_S,
+                                                                                 return_exceptions=True)
+        except (TimeoutError, DeploymentUnavailableError):
+            return []
+        return [r for r in results if not isinstance(r, BaseException)]
 
 
 class ForwardedStreamingResponse(StreamingResponse):
