@@ -2,9 +2,9 @@
 virtual clock: exact tests of the search logic (the real engine and PRM are tested end to end
 elsewhere).
 
-Step texts are a function of (prefix tokens, seed): a row of multiplicity m and seed s stands for m
-logical copies with seeds s..s+m-1 — exactly the children it replaces — and splits where their
-scripted texts diverge, as the real engine's multi-draw sampling does. Each iteration emits one token
+Step texts are a function of (prefix tokens, seed): a row of multiplicity m stands for m logical copies
+with its m lane seeds — exactly the seeds of the children it replaces — and splits where their
+scripted texts diverge, as the real engine's laned multi-draw sampling does. Each iteration emits one token
 per running row and advances the clock by `decode_cost`; a verifier call advances it by `prm_cost`.
 """
 
@@ -58,6 +58,7 @@ class FakeSeq:
     abort_on_preempt: bool = False
     status: SequenceStatus = SequenceStatus.WAITING
     plans: list[list[int]] = field(default_factory=list)  # per logical copy: its scripted step
+    lane_seeds: tuple[int, ...] | None = None
     position: int = 0  # tokens of the step emitted so far
     readout: bool = False
 
@@ -82,17 +83,18 @@ class ScriptedEngine:
 
     # ---- the Engine interface the runtime uses ----
     def add(self, prompt_ids, params=None, *, priority=0, multiplicity=1, readout_positions=None,
-            abort_on_preempt=False) -> int:
+            abort_on_preempt=False, lane_seeds=None) -> int:
         seq = FakeSeq(next(self._ids), list(prompt_ids), params, priority, multiplicity, abort_on_preempt)
-        seq.readout = params is None
+        seq.readout, seq.lane_seeds = params is None, lane_seeds
         self.seqs[seq.seq_id] = seq
         if not seq.readout:
             self._plan(seq)
         return seq.seq_id
 
     def extend(self, seq_id, params=None, *, token_ids=(), priority=None, multiplicity=None,
-               readout_positions=None, abort_on_preempt=False) -> None:
+               readout_positions=None, abort_on_preempt=False, lane_seeds=None) -> None:
         seq = self.seqs[seq_id]
+        seq.lane_seeds = lane_seeds
         assert seq.status == SequenceStatus.PAUSED, "extend needs a paused sequence"
         seq.tokens += list(token_ids)
         seq.params = params or seq.params
@@ -153,9 +155,9 @@ class ScriptedEngine:
 
     # ---- scripting ----
     def _plan(self, seq: FakeSeq) -> None:
-        seed = seq.params.seed or 0
+        seeds = seq.lane_seeds or [(seq.params.seed or 0) + j for j in range(seq.multiplicity)]
         final = not seq.params.stop
-        seq.plans = [self.step_fn(tuple(seq.tokens), seed + j, final) for j in range(seq.multiplicity)]
+        seq.plans = [self.step_fn(tuple(seq.tokens), seed, final) for seed in seeds]
         seq.position = 0
 
     def _advance(self, seq: FakeSeq) -> list[SequenceOutput]:

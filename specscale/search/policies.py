@@ -1,5 +1,5 @@
 """Pure decision rules the search composes: aggregation, selection, early-pruning threshold,
-children allocation, seeds and thinning. No state, no I/O."""
+children allocation and thinning. No state, no I/O."""
 
 from __future__ import annotations
 
@@ -83,20 +83,3 @@ def kept_copies(rng: random.Random, remaining: int, keep_left: int, piece: int) 
             keep_left -= 1
         remaining -= 1
     return kept
-
-
-def child_seed(base: int | None, parent_key: tuple[int, ...], index: int) -> int | None:
-    """Sampling seed of the child at `index` under the tree position parent_key (None if unseeded).
-
-    Children of one parent get consecutive seeds, so a CD expansion of m copies starting at index i
-    covers the seeds of the m separate children it replaces.
-    """
-    if base is None:
-        return None
-    x = base & 0xFFFFFFFFFFFFFFFF
-    for part in parent_key:  # splitmix64 over the key
-        x = (x + 0x9E3779B97F4A7C15 + part) & 0xFFFFFFFFFFFFFFFF
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 31
-    return (x >> 4) + index  # stays below 2**62 for torch's manual_seed

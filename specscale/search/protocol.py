@@ -69,7 +69,8 @@ class Expand:
     held by parent_handle (None = the request's prompt).
 
     final_round: generate to EOS instead of stopping at the step delimiter.
-    seed: sampling seed of this expansion (derived from the request seed and its tree position).
+    seeds: one sampling seed per logical child (search/seeds.py; None when the request is unseeded):
+    a child samples from its own seed whether it is its own row or one lane of a CD row.
     lookahead: FastTTS speculative continuation of a step that just finished (lowest priority,
     aborted if preempted) rather than a normal child.
     """
@@ -79,7 +80,7 @@ class Expand:
     multiplicity: int
     priority: int
     final_round: bool
-    seed: int | None
+    seeds: tuple[int, ...] | None
     lookahead: bool = False
 
 

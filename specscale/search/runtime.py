@@ -318,18 +318,20 @@ class SearchRuntime:
     def _start_expansion(self, state: RequestState, action: Expand) -> None:
         config = state.config
         params = SamplingParams(
-            temperature=config.temperature, top_p=config.top_p, seed=action.seed,
+            temperature=config.temperature, top_p=config.top_p, seed=action.seeds[0] if action.seeds else None,
             max_new_tokens=config.max_step_tokens, stop=() if action.final_round else (STEP_DELIMITER,),
         )
         source = action.parent_handle if action.parent_handle is not None else state.prefix_seq
         if source is None:  # a one-token prompt: nothing to share
             seq = self.engine.add(state.request.prompt_ids, params, priority=action.priority,
-                                  multiplicity=action.multiplicity, abort_on_preempt=action.lookahead)
+                                  multiplicity=action.multiplicity, abort_on_preempt=action.lookahead,
+                                  lane_seeds=action.seeds)
         else:
             seq = self.engine.fork(source, 1)[0]
             extra = [state.request.prompt_ids[-1]] if action.parent_handle is None else []
             self.engine.extend(seq, params, token_ids=extra, priority=action.priority,
-                               multiplicity=action.multiplicity, abort_on_preempt=action.lookahead)
+                               multiplicity=action.multiplicity, abort_on_preempt=action.lookahead,
+                               lane_seeds=action.seeds)
         self.physical[seq] = Physical(state, action.expansion_id, action.priority < 0, self.clock())
         state.expansion_seqs.setdefault(action.expansion_id, set()).add(seq)
 

@@ -29,6 +29,7 @@ from specscale.search.protocol import (
     StepFinished, Verify,
 )
 from specscale.search.result import SearchResult, build_result
+from specscale.search.seeds import child_seeds
 from specscale.search.tree import Candidate, CandidateState, Expansion, Round, Subtree
 
 LOOKAHEAD_PRIORITY = -100
@@ -272,7 +273,7 @@ class Search:
     def _expand_fields(self, e: Expansion) -> tuple:
         parent_handle = e.parent.handle if e.parent is not None else None
         final = e.round == self.last_round
-        return (e.id, parent_handle, e.multiplicity, e.priority, final, e.seed, e.lookahead)
+        return (e.id, parent_handle, e.multiplicity, e.priority, final, e.seeds, e.lookahead)
 
     def _new_expansion(self, parent, round_index: int, size: int, time: float, lookahead=False) -> Expansion:
         while len(self.rounds) <= round_index:
@@ -281,7 +282,7 @@ class Search:
         index = sum(s.multiplicity for s in siblings)
         parent_key = parent.key if parent is not None else ()
         e = Expansion(next(self._ids), parent, round_index, parent_key + (index,), size,
-                      policies.child_seed(self.config.seed, parent_key, index), time, lookahead=lookahead)
+                      child_seeds(self.config.seed, parent_key, index, size), time, lookahead=lookahead)
         e.priority = LOOKAHEAD_PRIORITY if lookahead else self._priority(e)
         self.expansions[e.id] = e
         self.rounds[round_index].expansions.append(e)

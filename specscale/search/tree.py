@@ -34,7 +34,7 @@ class Expansion:
     round: int
     key: tuple[int, ...]
     multiplicity: int
-    seed: int | None
+    seeds: tuple[int, ...] | None  # one per logical child (search/seeds.py)
     created_at: float
     lookahead: bool = False
     priority: int = 0
