@@ -1,13 +1,8 @@
 """Each lazy-verification trigger fires alone: token threshold, sibling group, deferral cap, age cap;
 plus the flush policy for eager and per-request (FastTTS) steps, and the runtime's use of them."""
 
-import random
-from collections import Counter
-
 from fake_backend import ScriptedEngine, ScriptedVerifier
-from scipy.stats import chisquare
 
-from specscale.search.policies import kept_copies
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
@@ -77,15 +72,3 @@ def test_specscale_runtime_flushes_lazily_with_bigger_batches():
         sizes[preset] = sum(runtime.verifier.batches) / len(runtime.verifier.batches)
         assert runtime.engine.num_live_sequences == 0
     assert sizes["specscale"] > 1.25 * sizes["ep+cd"]  # fewer, bigger PRM calls
-
-
-def test_thinning_keeps_a_uniform_subset():
-    # Keep 3 of 8 copies that finish as pieces of sizes 5 and 3: how many of the first piece are kept
-    # must follow the hypergeometric law (keep 3 of 8, 5 "marked").
-    rng = random.Random(0)
-    counts = Counter()
-    for _ in range(20_000):
-        counts[kept_copies(rng, 8, 3, 5)] += 1
-    expected = {0: 1 / 56, 1: 15 / 56, 2: 30 / 56, 3: 10 / 56}  # C(5,k)C(3,3-k)/C(8,3)
-    observed = [counts[k] for k in range(4)]
-    assert chisquare(observed, [expected[k] * 20_000 for k in range(4)]).pvalue > 1e-3

@@ -2,7 +2,7 @@
 the perfect-score shortcut, CD row counts, cancellation and zero leaked sequences."""
 
 import pytest
-from fake_backend import ScriptedEngine, ScriptedVerifier, prefix_only_step
+from fake_backend import ScriptedEngine, ScriptedVerifier, prefix_only_step, seeded_step
 
 from specscale.search.presets import PRESETS, preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
@@ -19,15 +19,15 @@ def logical_paths(result) -> list[tuple[str, int]]:
     return sorted(merged.items())
 
 
-def make_runtime(step_fn=None, perfect_rate=0.0, max_concurrency=32):
+def make_runtime(step_fn=None, perfect_rate=0.0, max_concurrency=32, score_levels=10_000):
     clock = VirtualClock()
     engine = ScriptedEngine(clock) if step_fn is None else ScriptedEngine(clock, step_fn)
-    verifier = ScriptedVerifier(clock, perfect_rate=perfect_rate)
+    verifier = ScriptedVerifier(clock, perfect_rate=perfect_rate, score_levels=score_levels)
     return SearchRuntime(engine, verifier, clock=clock, max_concurrency=max_concurrency, lv_threshold_tokens=40)
 
 
-def run_preset(name, n_requests=4, step_fn=None, perfect_rate=0.0, **overrides):
-    runtime = make_runtime(step_fn, perfect_rate)
+def run_preset(name, n_requests=4, step_fn=None, perfect_rate=0.0, score_levels=10_000, **overrides):
+    runtime = make_runtime(step_fn, perfect_rate, score_levels=score_levels)
     options = dict(beam_size=8, beam_width=4, max_rounds=8, seed=11)
     options.update(overrides)
     requests = [SearchRequest(f"question {i}", PROMPT + [i], preset_config(name, **options), f"r{i}")
@@ -120,3 +120,36 @@ def test_admission_respects_max_concurrency():
         runtime.step()
         peak = max(peak, len(runtime.active))
     assert peak == 2 and len(runtime.finished) == 5
+
+
+def two_choice_step(prefix: tuple, seed: int, final: bool) -> list[int]:
+    """Each child writes one of two steps (by its seed's parity): siblings often write the same text, so CD
+    rows carry several lanes and identical paths compete in selection."""
+    return seeded_step(prefix, seed % 2, final)
+
+
+@pytest.mark.parametrize("score_levels", [10_000, 4], ids=["few-ties", "many-ties"])
+@pytest.mark.parametrize("step_fn", [None, two_choice_step], ids=["distinct-steps", "repeated-steps"])
+@pytest.mark.parametrize("plain_preset,cd_preset", [("beam", "beam+cd"), ("ep-strict", "ep+cd")])
+def test_cd_follows_the_plain_variants_paths_round_for_round(plain_preset, cd_preset, step_fn, score_levels):
+    """docs/design.md, "Seeds": each logical child of a CD row samples from its own tree position's seed,
+    so with equal scores CD retains and returns exactly what its plain twin does (the old search keyed a
+    CD piece by its finishing order and thinned speculative copies at random)."""
+    plain, plain_results = run_preset(plain_preset, step_fn=step_fn, score_levels=score_levels)
+    cd, cd_results = run_preset(cd_preset, step_fn=step_fn, score_levels=score_levels)
+    for rid in plain.finished:
+        assert decisions_of(cd, rid) == decisions_of(plain, rid)
+    for a, b in zip(plain_results, cd_results):
+        assert logical_paths(a) == logical_paths(b)
+    assert any(len(decisions_of(plain, rid)) > 2 for rid in plain.finished)
+
+
+def decisions_of(runtime, rid) -> list:
+    """Each decided round's retained paths as (steps, copies), copies of one path merged."""
+    out = []
+    for d in runtime.finished[rid].search.decisions:
+        merged: dict = {}
+        for steps, copies in d.retained:
+            merged[steps] = merged.get(steps, 0) + copies
+        out.append((d.round, sorted(merged.items())))
+    return out

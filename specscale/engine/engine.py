@@ -43,6 +43,7 @@ class SequenceOutput:
     finish_reason: FinishReason | None
     multiplicity: int
     parent_id: int | None = None  # set when this sequence split off parent_id in this iteration (CD)
+    lane_ids: tuple[int, ...] = ()  # which of the logical copies given at add / extend this sequence holds
     readouts: torch.Tensor | None = None  # [positions, head_out] once a readout sequence completes
 
 
@@ -110,6 +111,7 @@ class Engine:
             multiplicity=multiplicity,
             segment_start=len(prompt_ids),
             lanes=self._lanes_for(params, multiplicity, lane_seeds),
+            lane_ids=list(range(multiplicity)),
             abort_on_preempt=abort_on_preempt,
             readout_positions=list(readout_positions or []),
         )
@@ -150,6 +152,7 @@ class Engine:
         seq.abort_on_preempt = abort_on_preempt
         seq.priority = seq.priority if priority is None else priority
         seq.multiplicity = multiplicity
+        seq.lane_ids = list(range(multiplicity))
         seq.status = SequenceStatus.RUNNING if seq.block_table else SequenceStatus.WAITING
 
     def fork(self, seq_id: int, n: int, multiplicity: int = 1) -> list[int]:
@@ -158,7 +161,7 @@ class Engine:
         parent = self.scheduler.sequences.get(seq_id)
         if parent is None:
             raise KeyError(f"sequence {seq_id} is not live")
-        return [self._fork_one(parent, multiplicity, self._derived_lanes(parent, multiplicity)).seq_id
+        return [self._fork_one(parent, list(range(multiplicity)), self._derived_lanes(parent, multiplicity)).seq_id
                 for _ in range(n)]
 
     def pause(self, seq_id: int) -> bool:
@@ -209,7 +212,8 @@ class Engine:
         return self._update(batch, result)
 
     def _update(self, batch: ScheduledBatch, result: RunnerOutput | None) -> list[SequenceOutput]:
-        outputs = [SequenceOutput(s.seq_id, [], s.status, s.finish_reason, s.multiplicity) for s in batch.aborted]
+        outputs = [SequenceOutput(s.seq_id, [], s.status, s.finish_reason, s.multiplicity, lane_ids=tuple(s.lane_ids))
+                   for s in batch.aborted]
         sampling: list[Sequence] = []  # generating sequences that reached their last token, in row order
         logit_rows: list[int] = []  # their rows of result.head
         for row, (offset, count) in zip(batch.rows, result.head_rows if result else []):
@@ -256,18 +260,19 @@ class Engine:
         for j, token in enumerate(tokens):
             groups.setdefault(token, []).append(j)
         (first, first_draws), *others = groups.items()
-        targets = [(seq, first, len(first_draws), None)]
+        targets = [(seq, first, None)]
         for token, draws in others:
             lanes = [seq.lanes[j] for j in draws] if seq.lanes else []
-            targets.append((self._fork_one(seq, len(draws), lanes), token, len(draws), seq.seq_id))
+            child = self._fork_one(seq, [seq.lane_ids[j] for j in draws], lanes)
+            targets.append((child, token, seq.seq_id))
         seq.multiplicity = len(first_draws)
         seq.lanes = [seq.lanes[j] for j in first_draws] if seq.lanes else []
+        seq.lane_ids = [seq.lane_ids[j] for j in first_draws]
         outputs = []
-        for target, token, count, parent_id in targets:
+        for target, token, parent_id in targets:
             self._append_token(target, token)
-            outputs.append(
-                SequenceOutput(target.seq_id, [token], target.status, target.finish_reason, count, parent_id)
-            )
+            outputs.append(SequenceOutput(target.seq_id, [token], target.status, target.finish_reason,
+                                          target.multiplicity, parent_id, lane_ids=tuple(target.lane_ids)))
         return outputs
 
     def _append_token(self, seq: Sequence, token: int) -> None:
@@ -307,18 +312,19 @@ class Engine:
         return False
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _fork_one(self, parent: Sequence, multiplicity: int, lanes: list[torch.Generator]) -> Sequence:
+    def _fork_one(self, parent: Sequence, lane_ids: list[int], lanes: list[torch.Generator]) -> Sequence:
         child = Sequence(
             seq_id=next(self._ids),
             token_ids=list(parent.token_ids),
             params=parent.params,
             arrival=next(self._arrivals),
             priority=parent.priority,
-            multiplicity=multiplicity,
+            multiplicity=len(lane_ids),
             status=parent.status,
             segment_start=parent.segment_start,
             stop_tail=parent.stop_tail,
             lanes=lanes,
+            lane_ids=lane_ids,
             abort_on_preempt=parent.abort_on_preempt,
             readout_positions=list(parent.readout_positions),
         )

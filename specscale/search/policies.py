@@ -22,21 +22,16 @@ def aggregate(step_scores: tuple[float, ...], how: str) -> float:
     return sum(step_scores) / len(step_scores)
 
 
-def rank_key(c: Candidate) -> tuple:
-    """Best first: higher score, then the canonical tree position (timing-independent)."""
-    return (-c.score, c.key)
-
-
 def top_k_copies(candidates: list[Candidate], k: int) -> list[tuple[Candidate, int]]:
-    """The k best logical copies, counting each candidate's multiplicity: [(candidate, copies)]."""
-    chosen, left = [], k
-    for c in sorted(candidates, key=rank_key):
-        if left == 0:
-            break
-        copies = min(c.multiplicity, left)
-        chosen.append((c, copies))
-        left -= copies
-    return chosen
+    """The k best logical copies, each candidate standing for `multiplicity` of them: [(candidate, copies)]
+    in the rank of their best copy. Copies are ranked one by one, by score then their own tree position,
+    so a CD candidate's copies rank exactly where plain search ranks the separate candidates they stand for
+    (a candidate keeps its lowest-keyed copies)."""
+    copies = sorted(((-c.score, key, i) for i, c in enumerate(candidates) for key in c.lane_keys))[:k]
+    chosen: dict[int, int] = {}
+    for _, _, i in copies:
+        chosen[i] = chosen.get(i, 0) + 1
+    return [(candidates[i], n) for i, n in chosen.items()]
 
 
 def strict_threshold(certain: list[Candidate], k: int) -> float | None:
@@ -49,37 +44,25 @@ def strict_threshold(certain: list[Candidate], k: int) -> float | None:
     return copies[-1][0].score
 
 
-def cyclic_children(retained: list[tuple[Candidate, int]], slots: int) -> dict[Candidate, int]:
-    """Fill `slots` children by cycling over the retained copies in rank order (search-and-learn's
-    duplication): with k copies retained each gets slots / k."""
-    copies = [c for c, n in retained for _ in range(n)]
-    counts = {c: 0 for c, _ in retained}
-    for i in range(slots):
-        counts[copies[i % len(copies)]] += 1
-    return counts
+def cyclic_children(retained: list[tuple[Candidate, int]], slots: int) -> list[int]:
+    """Children per retained logical copy (copies in rank order): fill `slots` by cycling over them
+    (search-and-learn's duplication); with k copies retained each gets slots / k."""
+    copies = sum(n for _, n in retained)
+    return [slots // copies + (i < slots % copies) for i in range(copies)]
 
 
-def proportional_children(retained: list[tuple[Candidate, int]], slots: int) -> dict[Candidate, int]:
-    """FastTTS: children in proportion to score (floor, then the largest remainders)."""
-    weights = [(c, c.score * n) for c, n in retained]
-    total = sum(w for _, w in weights)
+def proportional_children(retained: list[tuple[Candidate, int]], slots: int) -> list[int]:
+    """FastTTS: children per retained logical copy in proportion to score (floor, then the largest
+    remainders)."""
+    weights = [c.score for c, n in retained for _ in range(n)]
+    total = sum(weights)
     if total <= 0:
         return cyclic_children(retained, slots)
-    quotas = [(c, slots * w / total) for c, w in weights]
-    counts = {c: int(q) for c, q in quotas}
-    by_remainder = sorted(quotas, key=lambda cq: (-(cq[1] - int(cq[1])), cq[0].key))
-    for c, _ in by_remainder[: slots - sum(counts.values())]:
-        counts[c] += 1
+    quotas = [slots * w / total for w in weights]
+    counts = [int(q) for q in quotas]
+    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in by_remainder[: slots - sum(counts)]:
+        counts[i] += 1
     return counts
 
 
-def kept_copies(rng: random.Random, remaining: int, keep_left: int, piece: int) -> int:
-    """How many of a finishing piece's `piece` copies fall in a uniformly random subset of
-    `keep_left` out of the `remaining` unfinished copies (one hypergeometric draw)."""
-    kept = 0
-    for _ in range(piece):
-        if rng.random() < keep_left / remaining:
-            kept += 1
-            keep_left -= 1
-        remaining -= 1
-    return kept

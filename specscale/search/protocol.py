@@ -16,25 +16,28 @@ from dataclasses import dataclass
 class StepFinished:
     """Physical sequence `handle` of expansion `expansion_id` finished one step.
 
-    multiplicity: logical candidates this finished step stands for (CD; 1 otherwise).
+    lanes: the expansion's logical children this finished step stands for (several with CD, else (0,)).
     completed: the path ended (EOS, step or context cap, or the last round); handle is then None.
+    finish_reason: "stop" (a step delimiter or EOS ended it) or "length" (cut by the step's token cap
+    or the context limit).
     """
 
     expansion_id: int
     handle: int | None
     text: str
     num_tokens: int
-    multiplicity: int
+    lanes: tuple[int, ...]
     completed: bool
     time: float
+    finish_reason: str = "stop"
 
 
 @dataclass(frozen=True)
 class GenerationLost:
-    """A speculative sequence was aborted by the engine (preempted); its logical children are gone."""
+    """A speculative sequence was aborted by the engine (preempted); its logical children (lanes) are gone."""
 
     expansion_id: int
-    multiplicity: int
+    lanes: tuple[int, ...]
     time: float
 
 

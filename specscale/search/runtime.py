@@ -207,7 +207,7 @@ class SearchRuntime:
         state.expansion_seqs.get(expansion, set()).discard(out.seq_id)
         if out.finish_reason == FinishReason.PREEMPTED:
             self._forget(out.seq_id, cancelled=True)
-            self._apply(state, state.search.on(GenerationLost(expansion, out.multiplicity, now)))
+            self._apply(state, state.search.on(GenerationLost(expansion, out.lane_ids, now)))
             return
         completed = out.status == SequenceStatus.FINISHED
         if completed:
@@ -216,8 +216,9 @@ class SearchRuntime:
             phys.expansion_id = None
             state.held.add(out.seq_id)
         text = self.engine.tokenizer.decode(phys.tokens)
+        truncated = out.finish_reason in (FinishReason.LENGTH, FinishReason.CONTEXT)
         event = StepFinished(expansion, None if completed else out.seq_id, text, len(phys.tokens),
-                             out.multiplicity, completed, now)
+                             out.lane_ids, completed, now, "length" if truncated else "stop")
         self._apply(state, state.search.on(event))
 
     def _on_prefix_ready(self, state: RequestState) -> None:
@@ -310,7 +311,7 @@ class SearchRuntime:
             state.deferred.append(action)  # round 0 waits until the prompt is prefilled
             return
         if action.lookahead and self.engine.num_live_sequences >= state.config.max_live_sequences:
-            lost = GenerationLost(action.expansion_id, action.multiplicity, self.clock())
+            lost = GenerationLost(action.expansion_id, tuple(range(action.multiplicity)), self.clock())
             self._apply(state, state.search.on(lost))
             return
         self._start_expansion(state, action)

@@ -19,7 +19,6 @@ round. Variants switch policies on this one machine (SPEC 3):
 from __future__ import annotations
 
 import itertools
-import random
 from dataclasses import dataclass
 
 from specscale.config import SearchConfig
@@ -29,7 +28,7 @@ from specscale.search.protocol import (
     StepFinished, Verify,
 )
 from specscale.search.result import SearchResult, build_result
-from specscale.search.seeds import child_seeds
+from specscale.search.seeds import seeds_of
 from specscale.search.tree import Candidate, CandidateState, Expansion, Round, Subtree
 
 LOOKAHEAD_PRIORITY = -100
@@ -53,7 +52,6 @@ class Search:
         self.k = config.num_retained
         # the round that generates to EOS: best-of-N samples whole solutions in round 0
         self.last_round = 0 if config.selection == "best_of_n" else config.max_rounds - 1
-        self.rng = random.Random(config.seed or 0)  # thinning draws only
         self.rounds: list[Round] = []
         self.expansions: dict[int, Expansion] = {}
         self.candidates: dict[int, Candidate] = {}
@@ -69,7 +67,7 @@ class Search:
 
     # ---- entry points ---------------------------------------------------------------------------
     def start(self, time: float) -> list:
-        return self._expand(None, 0, self.config.beam_size, time)
+        return self._expand(None, 0, [(i,) for i in range(self.config.beam_size)], time)
 
     def on(self, event) -> list:
         if self.done:
@@ -87,10 +85,10 @@ class Search:
         e = self.expansions[ev.expansion_id]
         if e.cancelled:
             return [Release((ev.handle,))] if ev.handle is not None else []
-        kept = self._thin(e, ev.multiplicity)
-        e.remaining -= ev.multiplicity
+        kept = tuple(j for j in ev.lanes if j in e.kept)
+        e.pending -= set(ev.lanes)
         actions = [] if e.keep_left else self._stop_generating(e)
-        if kept == 0:
+        if not kept:
             return ([Release((ev.handle,))] if ev.handle is not None else []) + actions + self._progress(e, ev.time)
         c = self._new_candidate(e, ev, kept)
         if c.completed and c.handle is not None:  # an empty step ends the path; nothing continues it
@@ -103,10 +101,9 @@ class Search:
 
     def _on_lost(self, ev: GenerationLost) -> list:
         e = self.expansions[ev.expansion_id]
-        e.remaining -= ev.multiplicity
-        e.keep_left = min(e.keep_left, e.remaining)
-        e.multiplicity -= ev.multiplicity
-        if e.multiplicity == 0:
+        e.pending -= set(ev.lanes)
+        e.kept -= set(ev.lanes)
+        if not e.kept:
             e.cancelled = True
         return self._progress(e, ev.time)
 
@@ -213,10 +210,10 @@ class Search:
                                        finished, shortcut is not None, retained[0][0].score))
         kept = {c for c, _ in retained}
         actions += self._drop([c for c in active if c not in kept])
-        counts = self._children_counts(retained)
+        children = self._children_keys(retained)
         for c, copies in retained:
             c.state, c.retained_copies = RETAINED, copies
-            actions += self._reconcile_children(c, counts[c], time)
+            actions += self._reconcile_children(c, children[c], time)
         actions += self._release([c for c, _ in retained])
         actions += self._reprioritize()
         next_round = self.rounds[rd.index + 1]
@@ -242,12 +239,18 @@ class Search:
             groups.setdefault(group, []).append(c)
         return [policies.top_k_copies(members, 1)[0] for _, members in sorted(groups.items())]
 
-    def _children_counts(self, retained) -> dict[Candidate, int]:
+    def _children_keys(self, retained) -> dict[Candidate, list]:
+        """The tree positions of each retained candidate's children: copy ℓ of c (its lane key) gets
+        count_ℓ children at lane_key + (0,) .. lane_key + (count_ℓ - 1,)."""
         if self.config.selection == "dvts":
-            return {c: self.config.beam_width for c, _ in retained}
-        if self.config.proportional_children:
-            return policies.proportional_children(retained, self.config.beam_size)
-        return policies.cyclic_children(retained, self.config.beam_size)
+            counts = [self.config.beam_width for _, copies in retained for _ in range(copies)]
+        elif self.config.proportional_children:
+            counts = policies.proportional_children(retained, self.config.beam_size)
+        else:
+            counts = policies.cyclic_children(retained, self.config.beam_size)
+        per_copy = iter(counts)
+        return {c: [key + (i,) for key in c.lane_keys[:copies] for i in range(next(per_copy))]
+                for c, copies in retained}
 
     def _record_waiting(self, rd: Round, time: float) -> None:
         idle = busy = 0.0
@@ -262,27 +265,24 @@ class Search:
         return min((e.created_at for e in rd.expansions), default=0.0)
 
     # ---- expansions -------------------------------------------------------------------------------
-    def _expand(self, parent: Candidate | None, round_index: int, count: int, time: float) -> list:
-        """count more logical children of parent: one expansion (CD) or count expansions of one."""
-        if count <= 0:
+    def _expand(self, parent: Candidate | None, round_index: int, child_keys: list, time: float) -> list:
+        """These logical children of parent: one expansion (CD) or one expansion per child."""
+        if not child_keys:
             return []
-        sizes = [count] if self.config.dedup else [1] * count
-        return [Expand(*self._expand_fields(self._new_expansion(parent, round_index, size, time)))
-                for size in sizes]
+        groups = [tuple(child_keys)] if self.config.dedup else [(key,) for key in child_keys]
+        return [Expand(*self._expand_fields(self._new_expansion(parent, round_index, keys, time)))
+                for keys in groups]
 
     def _expand_fields(self, e: Expansion) -> tuple:
         parent_handle = e.parent.handle if e.parent is not None else None
         final = e.round == self.last_round
         return (e.id, parent_handle, e.multiplicity, e.priority, final, e.seeds, e.lookahead)
 
-    def _new_expansion(self, parent, round_index: int, size: int, time: float, lookahead=False) -> Expansion:
+    def _new_expansion(self, parent, round_index: int, child_keys: tuple, time: float, lookahead=False) -> Expansion:
         while len(self.rounds) <= round_index:
             self.rounds.append(Round(len(self.rounds)))
-        siblings = parent.children if parent is not None else self.rounds[0].expansions
-        index = sum(s.multiplicity for s in siblings)
-        parent_key = parent.key if parent is not None else ()
-        e = Expansion(next(self._ids), parent, round_index, parent_key + (index,), size,
-                      child_seeds(self.config.seed, parent_key, index, size), time, lookahead=lookahead)
+        seeds = seeds_of(self.config.seed, child_keys)
+        e = Expansion(next(self._ids), parent, round_index, child_keys, seeds, time, lookahead=lookahead)
         e.priority = LOOKAHEAD_PRIORITY if lookahead else self._priority(e)
         self.expansions[e.id] = e
         self.rounds[round_index].expansions.append(e)
@@ -301,7 +301,8 @@ class Search:
             return []
         if c.round + 1 - (self.last_decided + 1) > self.config.speculation_depth:
             return []
-        return self._expand(c, c.round + 1, c.multiplicity * self.config.beam_width, time)
+        width = range(self.config.beam_width)
+        return self._expand(c, c.round + 1, [key + (i,) for key in c.lane_keys for i in width], time)
 
     def _speculate_eligible(self, time: float) -> list:
         actions = []
@@ -311,53 +312,45 @@ class Search:
                     actions += self._speculate(c, time)
         return actions
 
-    def _reconcile_children(self, c: Candidate, wanted: int, time: float) -> list:
-        """Make c's children add up to `wanted` logical copies: create the missing ones, thin the excess
-        (speculation may have started more), resume a paused FastTTS continuation."""
-        children = [e for e in c.children if not e.cancelled]
-        have = sum(e.multiplicity for e in children)
+    def _reconcile_children(self, c: Candidate, wanted: list, time: float) -> list:
+        """Make c's children exactly the logical children at tree positions `wanted`: keep those already
+        started (speculation), drop the others' lanes, start the missing ones, resume a paused FastTTS
+        continuation."""
+        wanted_keys = set(wanted)
+        have: set = set()
         actions = []
-        for e in sorted(children, key=lambda e: e.key, reverse=True):  # youngest first
-            if have <= wanted:
-                break
-            drop = min(have - wanted, e.multiplicity)
-            actions += self._shrink(e, e.multiplicity - drop)
-            have -= drop
-        for e in children:
+        for e in [e for e in c.children if not e.cancelled]:
+            keep = {j for j in e.kept if e.child_keys[j] in wanted_keys}
+            if keep != e.kept:
+                actions += self._shrink(e, keep)
+            have |= {e.child_keys[j] for j in keep}
             if e.lookahead and not e.cancelled:
-                e.lookahead = False
-                e.priority = 0
-                if e.paused and e.live:
-                    e.paused = False
-                    actions.append(Resume((e.id,), 0))
-        return actions + self._expand(c, c.round + 1, wanted - have, time)
+                actions += self._promote_lookahead(e)
+        return actions + self._expand(c, c.round + 1, [key for key in wanted if key not in have], time)
 
-    def _shrink(self, e: Expansion, target: int) -> list:
-        """Keep a uniformly random `target` of e's logical copies (finished pieces included)."""
-        if target == 0:
+    def _promote_lookahead(self, e: Expansion) -> list:
+        e.lookahead = False
+        e.priority = 0
+        if e.paused and e.live:
+            e.paused = False
+            return [Resume((e.id,), 0)]
+        return []
+
+    def _shrink(self, e: Expansion, keep: set[int]) -> list:
+        """Keep only lanes `keep` of e: finished pieces lose their other lanes, generating ones are
+        ignored when they finish (or stopped when no kept lane is left)."""
+        if not keep:
             return self._cancel_expansions([e])
-        total, keep = e.multiplicity - e.remaining + e.keep_left, target
+        e.kept = set(keep)
         actions = []
         for c in e.finished:
-            if not c.alive:
-                total -= c.multiplicity
-                continue
-            kept = policies.kept_copies(self.rng, total, keep, c.multiplicity)
-            total, keep = total - c.multiplicity, keep - kept
-            if kept == 0:
-                actions += self._drop([c])
-            c.multiplicity = kept or c.multiplicity
-        e.keep_left = min(keep, e.remaining)
-        e.multiplicity = target
+            if c.alive:
+                lanes = tuple(j for j in c.lanes if j in keep)
+                if lanes:
+                    c.lanes = lanes
+                else:
+                    actions += self._drop([c])
         return actions + ([] if e.keep_left else self._stop_generating(e))
-
-    def _thin(self, e: Expansion, piece: int) -> int:
-        if e.keep_left >= e.remaining:
-            e.keep_left -= piece
-            return piece
-        kept = policies.kept_copies(self.rng, e.remaining, e.keep_left, piece)
-        e.keep_left -= kept
-        return kept
 
     def _reprioritize(self) -> list:
         changed: dict[int, list[int]] = {}
@@ -374,7 +367,7 @@ class Search:
         certain = c.parent is None or c.parent.state == RETAINED
         if not self.config.lookahead or c.completed or not certain or c.round >= self.last_round:
             return []
-        e = self._new_expansion(c, c.round + 1, 1, time, lookahead=True)
+        e = self._new_expansion(c, c.round + 1, (c.key + (0,),), time, lookahead=True)
         return [Expand(*self._expand_fields(e))]
 
     def _pause_lookaheads(self, rd: Round) -> list:
@@ -397,7 +390,7 @@ class Search:
         """Abort e's pieces still generating; its finished pieces stay."""
         if not e.remaining or e.cancelled:
             return []
-        e.remaining = e.keep_left = 0
+        e.pending = set()
         return [Cancel((e.id,), ())]
 
     def _cancel_expansions(self, group: list[Expansion]) -> list:
@@ -412,10 +405,10 @@ class Search:
             c.handle = None
         return [Release(tuple(handles))] if handles else []
 
-    def _new_candidate(self, e: Expansion, ev: StepFinished, kept: int) -> Candidate:
+    def _new_candidate(self, e: Expansion, ev: StepFinished, lanes: tuple[int, ...]) -> Candidate:
         completed = ev.completed or not ev.text.strip() or e.round == self.last_round
-        c = Candidate(next(self._ids), ev.handle, e, e.key + (len(e.finished),), ev.text, ev.num_tokens, kept,
-                      completed, ev.time, next(self._finish_order))
+        c = Candidate(next(self._ids), ev.handle, e, lanes, ev.text, ev.num_tokens, completed, ev.time,
+                      next(self._finish_order), finish_reason=ev.finish_reason)
         e.finished.append(c)
         self.candidates[c.id] = c
         self.rounds[e.round].candidates.append(c)

@@ -30,15 +30,25 @@ def mix(*parts: int) -> int:
     return x
 
 
+def node_seed(request_seed: int, key: tuple[int, ...]) -> int:
+    """Sampling seed of the tree node at `key` (its parent's key plus its child index)."""
+    return mix(request_seed, *key) >> (64 - SEED_BITS)
+
+
 def child_seed(request_seed: int | None, parent_key: tuple[int, ...], index: int) -> int | None:
     """Sampling seed of the child at `index` under tree position `parent_key` (None when unseeded)."""
     if request_seed is None:
         return None
-    return mix(request_seed, *parent_key, index) >> (64 - SEED_BITS)
+    return node_seed(request_seed, parent_key + (index,))
+
+
+def seeds_of(request_seed: int | None, keys: tuple[tuple[int, ...], ...]) -> tuple[int, ...] | None:
+    """Seeds of the nodes at `keys` (the lanes of one expansion); None when the request is unseeded."""
+    if request_seed is None:
+        return None
+    return tuple(node_seed(request_seed, key) for key in keys)
 
 
 def child_seeds(request_seed: int | None, parent_key: tuple[int, ...], first: int, count: int) -> tuple[int, ...] | None:
     """Seeds of children first .. first + count - 1 of one parent: the lanes of one CD expansion."""
-    if request_seed is None:
-        return None
-    return tuple(child_seed(request_seed, parent_key, first + j) for j in range(count))
+    return seeds_of(request_seed, tuple(parent_key + (first + j,) for j in range(count)))
