@@ -91,8 +91,10 @@ class SearchConfig:
     lv_max_deferrals: int = 6
     lv_max_age_s: float = 2.0
     lookahead: bool = False
-    proportional_children: bool = False
+    dynamic_branching: bool = False
+    lookahead_head_start: float = 0.85
     max_live_sequences: int = 256
+    filter_duplicates: bool = False
 
     def __post_init__(self) -> None:
         _check(self.beam_size >= 1, f"beam_size must be >= 1, got {self.beam_size}")

@@ -1,10 +1,9 @@
 """Pure decision rules the search composes: aggregation, selection, early-pruning threshold,
-children allocation and thinning. No state, no I/O."""
+children allocation. No state, no I/O."""
 
 from __future__ import annotations
 
 import math
-import random
 
 from specscale.search.tree import Candidate
 
@@ -49,20 +48,3 @@ def cyclic_children(retained: list[tuple[Candidate, int]], slots: int) -> list[i
     (search-and-learn's duplication); with k copies retained each gets slots / k."""
     copies = sum(n for _, n in retained)
     return [slots // copies + (i < slots % copies) for i in range(copies)]
-
-
-def proportional_children(retained: list[tuple[Candidate, int]], slots: int) -> list[int]:
-    """FastTTS: children per retained logical copy in proportion to score (floor, then the largest
-    remainders)."""
-    weights = [c.score for c, n in retained for _ in range(n)]
-    total = sum(weights)
-    if total <= 0:
-        return cyclic_children(retained, slots)
-    quotas = [slots * w / total for w in weights]
-    counts = [int(q) for q in quotas]
-    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
-    for i in by_remainder[: slots - sum(counts)]:
-        counts[i] += 1
-    return counts
-
-

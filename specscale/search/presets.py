@@ -15,7 +15,7 @@ PRESETS: dict[str, dict] = {
     "best-of-n": {"selection": "best_of_n", "max_rounds": 1},
     "dvts": {"selection": "dvts"},
     "naive-spec": dict(_SPECULATIVE),
-    "fasttts": {"verification": "per_request", "lookahead": True, "proportional_children": True},
+    "fasttts": {"verification": "per_request", "lookahead": True, "dynamic_branching": True},
     "ep-strict": dict(_SPECULATIVE, prune_strict=True),
     "ep": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True),
     "ep+cd": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True),

@@ -29,6 +29,7 @@ from specscale.search.protocol import (
 )
 from specscale.search.result import SearchResult, build_result
 from specscale.search.seeds import seeds_of
+from specscale.search.selection import make_selection
 from specscale.search.tree import Candidate, CandidateState, Expansion, Round, Subtree
 
 LOOKAHEAD_PRIORITY = -100
@@ -50,8 +51,8 @@ class Search:
     def __init__(self, config: SearchConfig):
         self.config = config
         self.k = config.num_retained
-        # the round that generates to EOS: best-of-N samples whole solutions in round 0
-        self.last_round = 0 if config.selection == "best_of_n" else config.max_rounds - 1
+        self.selection = make_selection(config)
+        self.last_round = self.selection.last_round()  # the round that generates to EOS
         self.rounds: list[Round] = []
         self.expansions: dict[int, Expansion] = {}
         self.candidates: dict[int, Candidate] = {}
@@ -193,23 +194,21 @@ class Search:
 
     def _decide(self, rd: Round, shortcut, time: float) -> list:
         actions = self._close_early(rd, shortcut) if shortcut is not None else []
-        live = rd.live_candidates()
-        for c in live:
-            if c.completed:
-                c.state = COMPLETED
-                self.finished_pool.append(c)
-        active = [c for c in live if not c.completed]
+        verdict = self.selection.decide(rd.live_candidates(), self.finished_pool, rd.index == self.last_round)
+        for c in verdict.completed:
+            c.state, c.completed = COMPLETED, True
+            self.finished_pool.append(c)
+        actions += self._release(verdict.completed)
         rd.decided, self.last_decided = True, rd.index
         self._record_waiting(rd, time)
-        enough = sum(c.multiplicity for c in self.finished_pool) >= self.config.beam_size
-        if enough or rd.index == self.last_round or not active:
+        if verdict.done:
             return actions + self._finish(time)
-        retained = shortcut or self._select(active)
+        retained = shortcut or verdict.retained
+        kept = {c for c, _ in retained}
+        actions += self._drop([c for c in verdict.dropped + [c for c, _ in verdict.retained] if c not in kept])
         finished = sum(c.multiplicity for c in rd.candidates if c.parent is None or c.parent.state == RETAINED)
         self.decisions.append(Decision(rd.index, tuple((tuple(c.steps()), n) for c, n in retained),
                                        finished, shortcut is not None, retained[0][0].score))
-        kept = {c for c, _ in retained}
-        actions += self._drop([c for c in active if c not in kept])
         children = self._children_keys(retained)
         for c, copies in retained:
             c.state, c.retained_copies = RETAINED, copies
@@ -230,25 +229,10 @@ class Search:
         stopped = [a for e in rd.live_expansions() for a in self._stop_generating(e)]
         return stopped + self._drop(losers)
 
-    def _select(self, active: list[Candidate]) -> list[tuple[Candidate, int]]:
-        if self.config.selection != "dvts":
-            return policies.top_k_copies(active, self.k)
-        groups: dict[tuple, list[Candidate]] = {}
-        for c in active:
-            group = c.parent.key if c.parent is not None else (c.key[0] // self.config.beam_width,)
-            groups.setdefault(group, []).append(c)
-        return [policies.top_k_copies(members, 1)[0] for _, members in sorted(groups.items())]
-
     def _children_keys(self, retained) -> dict[Candidate, list]:
         """The tree positions of each retained candidate's children: copy ℓ of c (its lane key) gets
         count_ℓ children at lane_key + (0,) .. lane_key + (count_ℓ - 1,)."""
-        if self.config.selection == "dvts":
-            counts = [self.config.beam_width for _, copies in retained for _ in range(copies)]
-        elif self.config.proportional_children:
-            counts = policies.proportional_children(retained, self.config.beam_size)
-        else:
-            counts = policies.cyclic_children(retained, self.config.beam_size)
-        per_copy = iter(counts)
+        per_copy = iter(self.selection.children(retained))
         return {c: [key + (i,) for key in c.lane_keys[:copies] for i in range(next(per_copy))]
                 for c, copies in retained}
 
