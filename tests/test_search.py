@@ -153,3 +153,26 @@ def decisions_of(runtime, rid) -> list:
             merged[steps] = merged.get(steps, 0) + copies
         out.append((d.round, sorted(merged.items())))
     return out
+
+
+@pytest.mark.parametrize("preset", ["beam", "beam+cd", "ep-strict", "ep+cd", "specscale", "fasttts"])
+def test_filter_duplicates_retains_distinct_paths_only_when_asked(preset):
+    """search-and-learn's filter_duplicates: off by default (identical paths may fill the beam), on every
+    beam variant when asked (every decided round retains distinct paths, one copy each)."""
+    def retained_copies(runtime):
+        return [[(steps, n) for steps, n in d.retained] for s in runtime.finished.values() for d in s.search.decisions]
+
+    default, _ = run_preset(preset, step_fn=two_choice_step)
+    filtered, results = run_preset(preset, step_fn=two_choice_step, filter_duplicates=True)
+    assert any(len({steps for steps, _ in r}) < sum(n for _, n in r) for r in retained_copies(default))
+    for retained in retained_copies(filtered):
+        assert all(n == 1 for _, n in retained) and len({steps for steps, _ in retained}) == len(retained)
+    assert all(r.error is None and r.paths for r in results)
+
+
+def test_strict_pruning_with_filter_duplicates_retains_what_beam_retains():
+    decisions = {}
+    for preset in ("beam", "ep-strict"):
+        runtime, _ = run_preset(preset, step_fn=two_choice_step, filter_duplicates=True, score_levels=4)
+        decisions[preset] = {rid: decisions_of(runtime, rid) for rid in runtime.finished}
+    assert decisions["beam"] == decisions["ep-strict"]

@@ -187,7 +187,9 @@ class Search:
 
     def _prune_below_threshold(self, rd: Round) -> list:
         scored = [c for c in rd.live_candidates() if c.state == SCORED and not c.completed]
-        tau = policies.strict_threshold(scored, self.k)  # every one of them is certain: parents decided
+        distinct = self.config.filter_duplicates
+        eligible = policies.distinct_paths(scored) if distinct else scored
+        tau = policies.strict_threshold(eligible, self.k, distinct)  # every one of them is certain: parents decided
         if tau is None:
             return []
         return self._drop([c for c in scored if c.score < tau])

@@ -5,7 +5,9 @@ machine (`search/search.py`) applies its verdict.
 - `BeamSelection`: search-and-learn's beam search. Completed candidates go to the finished pool; of the
   others the k = N / M best logical copies are retained and the N children are spread over them
   (cyclically, or by FastTTS's dynamic branching); the search ends once the pool holds N paths, nothing
-  is left to continue, or the last round (generated to EOS) is decided.
+  is left to continue, or the last round (generated to EOS) is decided. With `filter_duplicates`
+  (search-and-learn's option, off by default) identical paths compete as one logical copy, so fewer
+  than k distinct paths may be retained and they share the N children.
 - `BestOfNSelection`: N whole solutions in one round (the last round is round 0).
 - `DVTSSelection`: search-and-learn's diverse verifier tree search. The N root children form N / M
   subtrees of M; per subtree the best candidate of the round, completed ones included, is kept and gets
@@ -64,7 +66,8 @@ class BeamSelection(Selection):
         pooled = sum(c.multiplicity for c in pool + completed)
         if last or not active or pooled >= self.config.beam_size:
             return Verdict(completed, [], active, done=True)
-        retained = policies.top_k_copies(active, self.k)
+        eligible = policies.distinct_paths(active) if self.config.filter_duplicates else active
+        retained = policies.top_k_copies(eligible, self.k, one_copy_each=self.config.filter_duplicates)
         kept = {c for c, _ in retained}
         return Verdict(completed, retained, [c for c in active if c not in kept])
 
