@@ -16,6 +16,7 @@ PRESETS: dict[str, dict] = {
     "dvts": {"selection": "dvts"},
     "naive-spec": dict(_SPECULATIVE),
     "fasttts": {"verification": "per_request", "lookahead": True, "dynamic_branching": True},
+    "fasttts-xb": {"verification": "round", "lookahead": True, "dynamic_branching": True},
     "ep-strict": dict(_SPECULATIVE, prune_strict=True),
     "ep": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True),
     "ep+cd": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True),

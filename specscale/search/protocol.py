@@ -76,6 +76,8 @@ class Expand:
     a child samples from its own seed whether it is its own row or one lane of a CD row.
     lookahead: FastTTS speculative continuation of a step that just finished (lowest priority,
     aborted if preempted) rather than a normal child.
+    head_start_of: FastTTS: the continuation (an expansion id) whose text so far, cut to the request's
+    `lookahead_head_start` share of its tokens, this child starts from (docs/design.md, "FastTTS").
     """
 
     expansion_id: int
@@ -85,6 +87,7 @@ class Expand:
     final_round: bool
     seeds: tuple[int, ...] | None
     lookahead: bool = False
+    head_start_of: int | None = None
 
 
 @dataclass(frozen=True)

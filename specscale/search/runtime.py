@@ -51,6 +51,7 @@ class Physical:
     speculative: bool
     created_at: float
     tokens: list[int] = field(default_factory=list)
+    origin: int | None = None  # the expansion it was started for (kept once it holds a candidate)
 
 
 @dataclass(eq=False)
@@ -189,7 +190,8 @@ class SearchRuntime:
             parent = self.physical.get(out.parent_id) if out.parent_id is not None else None
             if parent is None:
                 continue
-            child = Physical(parent.request, parent.expansion_id, parent.speculative, self.clock(), list(parent.tokens))
+            child = Physical(parent.request, parent.expansion_id, parent.speculative, self.clock(), list(parent.tokens),
+                             parent.origin)
             self.physical[out.seq_id] = child
             parent.request.expansion_seqs.setdefault(parent.expansion_id, set()).add(out.seq_id)
 
@@ -310,10 +312,6 @@ class SearchRuntime:
         if action.parent_handle is None and state.prefix_seq is not None:
             state.deferred.append(action)  # round 0 waits until the prompt is prefilled
             return
-        if action.lookahead and self.engine.num_live_sequences >= state.config.max_live_sequences:
-            lost = GenerationLost(action.expansion_id, tuple(range(action.multiplicity)), self.clock())
-            self._apply(state, state.search.on(lost))
-            return
         self._start_expansion(state, action)
 
     def _start_expansion(self, state: RequestState, action: Expand) -> None:
@@ -323,6 +321,7 @@ class SearchRuntime:
             max_new_tokens=config.max_step_tokens, stop=() if action.final_round else (STEP_DELIMITER,),
         )
         source = action.parent_handle if action.parent_handle is not None else state.prefix_seq
+        head = self._head_start(state, action)
         if source is None:  # a one-token prompt: nothing to share
             seq = self.engine.add(state.request.prompt_ids, params, priority=action.priority,
                                   multiplicity=action.multiplicity, abort_on_preempt=action.lookahead,
@@ -330,11 +329,21 @@ class SearchRuntime:
         else:
             seq = self.engine.fork(source, 1)[0]
             extra = [state.request.prompt_ids[-1]] if action.parent_handle is None else []
-            self.engine.extend(seq, params, token_ids=extra, priority=action.priority,
+            self.engine.extend(seq, params, token_ids=extra + head, priority=action.priority,
                                multiplicity=action.multiplicity, abort_on_preempt=action.lookahead,
                                lane_seeds=action.seeds)
-        self.physical[seq] = Physical(state, action.expansion_id, action.priority < 0, self.clock())
+        self.physical[seq] = Physical(state, action.expansion_id, action.priority < 0, self.clock(), list(head),
+                                      action.expansion_id)
         state.expansion_seqs.setdefault(action.expansion_id, set()).add(seq)
+
+    def _head_start(self, state: RequestState, action: Expand) -> list[int]:
+        """FastTTS: the first `lookahead_head_start` share of the tokens the continuation
+        `action.head_start_of` has written so far (none without one)."""
+        if action.head_start_of is None:
+            return []
+        written = max((p.tokens for p in self.physical.values()
+                       if p.request is state and p.origin == action.head_start_of), key=len, default=[])
+        return written[: int(len(written) * state.config.lookahead_head_start)]
 
     def _cancel(self, state: RequestState, action: Cancel) -> None:
         for expansion in action.expansions:

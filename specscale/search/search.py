@@ -65,6 +65,7 @@ class Search:
         self._verify_order = itertools.count()
         self.round_waiting: list[tuple[float, float]] = []  # per decided round: (idle, busy) seconds
         self.decisions: list[Decision] = []  # what each decided round retained (tests, tracing)
+        self.lookaheads_cut: list[int] = []  # expansions force-finished by the FastTTS valve, in order
 
     # ---- entry points ---------------------------------------------------------------------------
     def start(self, time: float) -> list:
@@ -251,13 +252,17 @@ class Search:
         return min((e.created_at for e in rd.expansions), default=0.0)
 
     # ---- expansions -------------------------------------------------------------------------------
-    def _expand(self, parent: Candidate | None, round_index: int, child_keys: list, time: float) -> list:
-        """These logical children of parent: one expansion (CD) or one expansion per child."""
+    def _expand(self, parent: Candidate | None, round_index: int, child_keys: list, time: float,
+                head_start: Expansion | None = None) -> list:
+        """These logical children of parent: one expansion (CD) or one expansion per child; head_start: a
+        FastTTS continuation whose text so far (truncated) each of them starts from."""
         if not child_keys:
             return []
         groups = [tuple(child_keys)] if self.config.dedup else [(key,) for key in child_keys]
-        return [Expand(*self._expand_fields(self._new_expansion(parent, round_index, keys, time)))
-                for keys in groups]
+        expansions = [self._new_expansion(parent, round_index, keys, time) for keys in groups]
+        for e in expansions:
+            e.head_start_of = head_start.id if head_start is not None else None
+        return [Expand(*self._expand_fields(e), e.head_start_of) for e in expansions]
 
     def _expand_fields(self, e: Expansion) -> tuple:
         parent_handle = e.parent.handle if e.parent is not None else None
@@ -305,6 +310,7 @@ class Search:
         wanted_keys = set(wanted)
         have: set = set()
         actions = []
+        head_start = None  # FastTTS: every other child starts from the continuation's text, truncated
         for e in [e for e in c.children if not e.cancelled]:
             keep = {j for j in e.kept if e.child_keys[j] in wanted_keys}
             if keep != e.kept:
@@ -312,7 +318,9 @@ class Search:
             have |= {e.child_keys[j] for j in keep}
             if e.lookahead and not e.cancelled:
                 actions += self._promote_lookahead(e)
-        return actions + self._expand(c, c.round + 1, [key for key in wanted if key not in have], time)
+                head_start = e
+        missing = [key for key in wanted if key not in have]
+        return actions + self._expand(c, c.round + 1, missing, time, head_start)
 
     def _promote_lookahead(self, e: Expansion) -> list:
         e.lookahead = False
@@ -353,8 +361,27 @@ class Search:
         certain = c.parent is None or c.parent.state == RETAINED
         if not self.config.lookahead or c.completed or not certain or c.round >= self.last_round:
             return []
+        actions = self._make_room_for_lookahead()
         e = self._new_expansion(c, c.round + 1, (c.key + (0,),), time, lookahead=True)
-        return [Expand(*self._expand_fields(e))]
+        e.started_as_lookahead = True
+        return actions + [Expand(*self._expand_fields(e))]
+
+    def _make_room_for_lookahead(self) -> list:
+        """FastTTS's valve, per request: running plus speculative beams stay below max_live_sequences; on
+        overflow the oldest running lookaheads are force-finished (paused with their text so far, which
+        still counts as the head start of their parent's children) rather than refusing the new one."""
+        running = [e for e in self.expansions.values() if e.live and not e.paused]
+        excess = sum(e.keep_left for e in running) + 1 - self.config.max_live_sequences
+        oldest = sorted((e for e in running if e.lookahead), key=lambda e: e.id)
+        cut = []
+        for e in oldest:
+            if excess <= 0:
+                break
+            e.paused = True
+            cut.append(e.id)
+            excess -= e.keep_left
+        self.lookaheads_cut += cut
+        return [Pause(tuple(cut))] if cut else []
 
     def _pause_lookaheads(self, rd: Round) -> list:
         """The round's last real step finished: its candidates' continuations stop for now."""

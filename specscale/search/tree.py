@@ -41,6 +41,8 @@ class Expansion:
     seeds: tuple[int, ...] | None  # one per lane (search/seeds.py)
     created_at: float
     lookahead: bool = False
+    head_start_of: int | None = None  # FastTTS: the continuation whose text this child starts from
+    started_as_lookahead: bool = False  # FastTTS: began as a LookAhead continuation (lookahead may end)
     priority: int = 0
     paused: bool = False
     pending: set[int] = field(default_factory=set)  # lanes still generating
