@@ -86,7 +86,8 @@ class SearchRuntime:
         self.verifier = verifier
         self.clock = clock
         self.max_concurrency = max_concurrency
-        self.queue = VerifyQueue(lv_threshold_tokens)
+        self.lv_threshold_tokens = lv_threshold_tokens
+        self.queue = VerifyQueue()
         self.metrics = RunMetrics()
         self.waiting: deque[RequestState] = deque()
         self.active: dict[str, RequestState] = {}
@@ -259,9 +260,14 @@ class SearchRuntime:
         config = state.config
         self.queue.push(QueuedStep(
             state, action.candidate, request, action.completes_group, config.verification,
-            self.verifier.tokens_to_compute(request), self.clock(), config.lv_threshold_tokens,
+            self.verifier.tokens_to_compute(request), self.clock(), self._lv_threshold(config),
             config.lv_max_deferrals, config.lv_max_age_s,
         ))
+
+    def _lv_threshold(self, config: SearchConfig) -> int:
+        """The one place a request's lazy-verification threshold is resolved: its own override, else the
+        runtime's (the profiled knee of this PRM and device, or the pipeline's default)."""
+        return config.lv_threshold_tokens if config.lv_threshold_tokens is not None else self.lv_threshold_tokens
 
     # ---- actions --------------------------------------------------------------------------------------
     def _apply(self, state: RequestState, actions: list) -> None:
