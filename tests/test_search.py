@@ -176,3 +176,29 @@ def test_strict_pruning_with_filter_duplicates_retains_what_beam_retains():
         runtime, _ = run_preset(preset, step_fn=two_choice_step, filter_duplicates=True, score_levels=4)
         decisions[preset] = {rid: decisions_of(runtime, rid) for rid in runtime.finished}
     assert decisions["beam"] == decisions["ep-strict"]
+
+
+def test_every_preset_is_a_composition_of_policy_objects():
+    from specscale.search.search import Search
+    from specscale.search.selection import BeamSelection, BestOfNSelection, DVTSSelection
+
+    expected = {
+        "beam": (BeamSelection, "round", 0, False, (False, False), False),
+        "beam+cd": (BeamSelection, "round", 0, False, (False, False), True),
+        "best-of-n": (BestOfNSelection, "round", 0, False, (False, False), False),
+        "dvts": (DVTSSelection, "round", 0, False, (False, False), False),
+        "naive-spec": (BeamSelection, "immediate", 1, False, (False, False), False),
+        "fasttts": (BeamSelection, "per_request", 0, True, (False, False), False),
+        "fasttts-xb": (BeamSelection, "round", 0, True, (False, False), False),
+        "ep-strict": (BeamSelection, "immediate", 1, False, (True, False), False),
+        "ep": (BeamSelection, "immediate", 1, False, (True, True), False),
+        "ep+cd": (BeamSelection, "immediate", 1, False, (True, True), True),
+        "specscale": (BeamSelection, "lazy", 1, False, (True, True), True),
+    }
+    assert set(expected) == set(PRESETS)
+    for name, (selection, verification, depth, lookahead, pruning, cd) in expected.items():
+        search = Search(preset_config(name))
+        assert type(search.selection) is selection and search.verification.name == verification
+        assert (search.speculation.eager_depth, search.speculation.lookahead) == (depth, lookahead)
+        assert (search.pruning.strict, search.pruning.perfect_shortcut) == pruning
+        assert search.dedup.computation is cd and not search.dedup.filter_duplicates

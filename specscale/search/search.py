@@ -1,19 +1,19 @@
-"""One request's search as a state machine: `on(event) -> actions`, sans I/O.
+"""One request's search as a state machine: `on(event) -> actions`, sans I/O (docs/design.md).
 
-Reference semantics (SPEC 2): round r's candidates each finish one step; the PRM scores them;
-completed paths go to the finished pool; of the rest the top k = N / M are retained and each gets
-M children, so the next round again has N candidates; stop once N paths completed or after the last
-round. Variants switch policies on this one machine (SPEC 3):
+Round r's candidates each finish one step; the PRM scores them; the round is decided by the selection
+policy (`search/selection.py`: beam, best-of-N, DVTS), which says which paths complete, which logical
+copies are retained and how many children each gets. A variant is a composition of policy objects built
+from its `SearchConfig` (a preset line in `search/presets.py`):
 
-- speculative: a verified candidate is expanded at once (up to `speculation_depth` rounds ahead of
-  the last decided round); when its round is decided, the losers' descendants are cancelled.
-- prune_strict: tau = k-th best score among candidates certain to be in the current round's pool;
-  anything strictly below tau is cancelled with its descendants (never changes the retained set).
-- perfect_shortcut: k certain candidates at score 1.0 close the round at once.
-- dedup: children of one parent are one expansion of multiplicity M; finished steps carry their
-  multiplicity, are verified once and count that many times in selection.
-- lookahead (FastTTS): a real candidate that finishes keeps decoding its next step at the lowest
-  priority; when retained, that continuation becomes one of its children.
+- verification (`search/verification.py`): a step goes to the PRM as it finishes, or a round at once;
+- speculation (`search/speculation.py`): none, eager expansion of verified candidates (naive-spec, EP),
+  or FastTTS's LookAhead continuations with head starts and a per-request valve;
+- pruning (`search/pruning.py`): the strict early-pruning threshold and the perfect-score shortcut;
+- dedup (`search/dedup.py`): computation deduplication (one expansion per parent, one lane per logical
+  child) and search-and-learn's duplicate filtering.
+
+Every logical child has a canonical tree position (its key) and samples from that position's seed
+(`search/seeds.py`), whether it is its own engine row or a lane of a CD row.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ from specscale.search.protocol import (
 )
 from specscale.search.result import SearchResult, build_result
 from specscale.search.seeds import seeds_of
+from specscale.search.dedup import make_dedup
+from specscale.search.pruning import make_pruning
 from specscale.search.selection import make_selection
+from specscale.search.speculation import make_speculation
+from specscale.search.verification import VERIFICATIONS
 from specscale.search.tree import Candidate, CandidateState, Expansion, Round, Subtree
 
 LOOKAHEAD_PRIORITY = -100
@@ -52,6 +56,10 @@ class Search:
         self.config = config
         self.k = config.num_retained
         self.selection = make_selection(config)
+        self.verification = VERIFICATIONS[config.verification]
+        self.speculation = make_speculation(config)
+        self.pruning = make_pruning(config)
+        self.dedup = make_dedup(config)
         self.last_round = self.selection.last_round()  # the round that generates to EOS
         self.rounds: list[Round] = []
         self.expansions: dict[int, Expansion] = {}
@@ -96,7 +104,7 @@ class Search:
         if c.completed and c.handle is not None:  # an empty step ends the path; nothing continues it
             actions.append(Release((c.handle,)))
             c.handle = None
-        if self.config.verification in ("immediate", "lazy"):
+        if self.verification.per_step:
             actions.append(self._verify(c, completes_group=self._group_complete(e)))
         actions += self._start_lookahead(c, ev.time)
         return actions + self._progress(e, ev.time)
@@ -120,7 +128,7 @@ class Search:
         if ev.error is not None:  # e.g. the path no longer fits the PRM: finished with what it has
             c.completed = True
             actions += self._release([c])
-        if self.config.prune_strict and c.round == self.last_decided + 1:
+        if self.pruning.strict and c.round == self.last_decided + 1:
             actions += self._prune_below_threshold(self.rounds[c.round])
         if c.alive and not c.completed:
             actions += self._speculate(c, ev.time)
@@ -136,7 +144,7 @@ class Search:
         rd = self.rounds[e.round]
         if self._round_generated(rd):
             actions += self._pause_lookaheads(rd)
-            if self.config.verification in ("round", "per_request") and rd.index == self.last_decided + 1:
+            if not self.verification.per_step and rd.index == self.last_decided + 1:
                 actions += self._verify_round(rd)
         return actions + self._try_decide(time)
 
@@ -147,7 +155,7 @@ class Search:
         """Round-at-once verification (plus FastTTS LookAhead: finished continuations of this round's
         candidates are scored in the same call)."""
         pending = [c for c in rd.candidates if c.alive and c.verified_order is None and not c.verify_sent]
-        if self.config.lookahead and rd.index + 1 < len(self.rounds):
+        if self.speculation.lookahead and rd.index + 1 < len(self.rounds):
             ahead = self.rounds[rd.index + 1].candidates
             pending += [c for c in ahead if c.alive and c.verified_order is None and not c.verify_sent]
         return [self._verify(c, completes_group=True) for c in pending]
@@ -164,7 +172,7 @@ class Search:
         actions = []
         while not self.done and self.last_decided + 1 < len(self.rounds):
             rd = self.rounds[self.last_decided + 1]
-            shortcut = self._perfect_scores(rd) if self.config.perfect_shortcut else None
+            shortcut = self._perfect_scores(rd) if self.pruning.perfect_shortcut else None
             if shortcut is None and not self._round_ready(rd):
                 break
             actions += self._decide(rd, shortcut, time)
@@ -188,7 +196,7 @@ class Search:
 
     def _prune_below_threshold(self, rd: Round) -> list:
         scored = [c for c in rd.live_candidates() if c.state == SCORED and not c.completed]
-        distinct = self.config.filter_duplicates
+        distinct = self.dedup.filter_duplicates
         eligible = policies.distinct_paths(scored) if distinct else scored
         tau = policies.strict_threshold(eligible, self.k, distinct)  # every one of them is certain: parents decided
         if tau is None:
@@ -219,10 +227,10 @@ class Search:
         actions += self._release([c for c, _ in retained])
         actions += self._reprioritize()
         next_round = self.rounds[rd.index + 1]
-        if self.config.prune_strict:
+        if self.pruning.strict:
             actions += self._prune_below_threshold(next_round)
         actions += self._speculate_eligible(time)
-        if self.config.verification in ("round", "per_request") and self._round_generated(next_round):
+        if not self.verification.per_step and self._round_generated(next_round):
             actions += self._verify_round(next_round)
         return actions
 
@@ -258,7 +266,7 @@ class Search:
         FastTTS continuation whose text so far (truncated) each of them starts from."""
         if not child_keys:
             return []
-        groups = [tuple(child_keys)] if self.config.dedup else [(key,) for key in child_keys]
+        groups = self.dedup.expansions(child_keys)
         expansions = [self._new_expansion(parent, round_index, keys, time) for keys in groups]
         for e in expansions:
             e.head_start_of = head_start.id if head_start is not None else None
@@ -288,9 +296,9 @@ class Search:
         return -max(e.round - (self.last_decided + 1), 0)
 
     def _speculate(self, c: Candidate, time: float) -> list:
-        if not self.config.speculative or c.children or c.round >= self.last_round:
+        if c.children or c.round >= self.last_round:
             return []
-        if c.round + 1 - (self.last_decided + 1) > self.config.speculation_depth:
+        if not self.speculation.expands_early(c.round, self.last_decided):
             return []
         width = range(self.config.beam_width)
         return self._expand(c, c.round + 1, [key + (i,) for key in c.lane_keys for i in width], time)
@@ -359,7 +367,7 @@ class Search:
     # ---- FastTTS lookahead -------------------------------------------------------------------------
     def _start_lookahead(self, c: Candidate, time: float) -> list:
         certain = c.parent is None or c.parent.state == RETAINED
-        if not self.config.lookahead or c.completed or not certain or c.round >= self.last_round:
+        if not self.speculation.lookahead or c.completed or not certain or c.round >= self.last_round:
             return []
         actions = self._make_room_for_lookahead()
         e = self._new_expansion(c, c.round + 1, (c.key + (0,),), time, lookahead=True)
@@ -385,7 +393,7 @@ class Search:
 
     def _pause_lookaheads(self, rd: Round) -> list:
         """The round's last real step finished: its candidates' continuations stop for now."""
-        if not self.config.lookahead or rd.index + 1 >= len(self.rounds):
+        if not self.speculation.lookahead or rd.index + 1 >= len(self.rounds):
             return []
         running = [e for e in self.rounds[rd.index + 1].expansions if e.lookahead and e.live and not e.paused]
         for e in running:
