@@ -107,3 +107,20 @@ def test_fasttts_verifies_one_request_per_call_and_scores_continuations_with_the
     assert any(len({steps for _, steps in call}) > 1 for call in fasttts.calls)  # LookAhead in the same call
     assert any(len({q for q, _ in call}) > 1 for call in crossed.calls)  # fasttts-xb batches requests
     assert len(crossed.calls) < len(fasttts.calls)
+
+
+def test_children_per_retained_parent_follow_dynamic_branching():
+    runtime, _ = run("fasttts", n_requests=4)
+    checked = 0
+    for state in runtime.finished.values():
+        search = state.search
+        for rd in search.rounds:
+            retained = [c for c in rd.candidates if c.state == CandidateState.RETAINED]
+            if not retained:
+                continue
+            ranked = sorted(retained, key=lambda c: (-c.score, c.key))
+            expected = children([c.score for c in ranked], 8)
+            got = [sum(len(e.kept) for e in c.children if not e.cancelled) for c in ranked]
+            assert got == expected
+            checked += 1
+    assert checked > 4

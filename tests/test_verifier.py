@@ -82,7 +82,7 @@ def cached_blocks(verifier, question, steps) -> tuple[list[int], int]:
     return list(verifier.engine.get(entry.seq_id).block_table), entry.num_tokens
 
 
-# ---- transformers references (the FORMATS.md formulas over the whole chat, tokenised as a whole) ---
+# ---- transformers references (docs/design.md's "PRM formats" formulas over the whole chat, tokenised as a whole) ---
 @torch.no_grad()
 def qwen_reference_scores(path, question, steps) -> list[float]:
     tokenizer = AutoTokenizer.from_pretrained(path)
