@@ -69,9 +69,9 @@ class SearchConfig:
     perfect_shortcut: early pruning. dedup: computation deduplication (CD). verification: "round" (a
     request's whole round at once, batched across requests), "immediate" (each step as it finishes),
     "lazy" (queued, flushed on the lazy-verification triggers), "per_request" (FastTTS: one PRM call per
-    round per request). lookahead / dynamic_branching / lookahead_head_start / max_live_sequences: the
-    FastTTS pieces (LookAhead continuations, children by min-subtracted score, the share of a
-    continuation's tokens every other retained copy starts from, the per-request valve).
+    round per request). lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
+    the FastTTS pieces (LookAhead continuations, children by min-subtracted score, the mean and spread of
+    the share of a continuation's tokens every other retained copy starts from, the per-request valve).
     filter_duplicates: identical paths compete as one in selection (search-and-learn's option).
     All of them: docs/design.md.
     """
@@ -97,6 +97,7 @@ class SearchConfig:
     lookahead: bool = False
     dynamic_branching: bool = False
     lookahead_head_start: float = 0.85
+    lookahead_head_start_std: float = 0.1
     max_live_sequences: int = 256
     filter_duplicates: bool = False
 
@@ -115,6 +116,7 @@ class SearchConfig:
         _check(self.speculation_depth >= 1, "speculation_depth must be >= 1")
         _check(self.lv_max_deferrals >= 0, "lv_max_deferrals must be >= 0")
         _check(0 <= self.lookahead_head_start <= 1, "lookahead_head_start must be in [0, 1]")
+        _check(0 <= self.lookahead_head_start_std <= 1, "lookahead_head_start_std must be in [0, 1]")
         _check(self.max_live_sequences >= 1, "max_live_sequences must be >= 1")
 
     @property

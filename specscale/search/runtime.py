@@ -13,6 +13,7 @@ in production, scripted fakes in tests.
 from __future__ import annotations
 
 import itertools
+import random
 import time as _time
 from collections import deque
 from dataclasses import dataclass, field
@@ -343,13 +344,18 @@ class SearchRuntime:
         state.expansion_seqs.setdefault(action.expansion_id, set()).add(seq)
 
     def _head_start(self, state: RequestState, action: Expand) -> list[int]:
-        """FastTTS: the first `lookahead_head_start` share of the tokens the continuation
-        `action.head_start_of` has written so far (none without one)."""
+        """FastTTS's truncation of a duplicate's head start: of the tokens the continuation
+        `action.head_start_of` has written so far, keep a share r ~ Normal(lookahead_head_start,
+        lookahead_head_start_std) clipped to [0, 1] -- at least one token, and at least one token fewer
+        than written (docs/design.md, "Speculation"). r is drawn from the child's own seed."""
         if action.head_start_of is None:
             return []
         written = max((p.tokens for p in self.physical.values()
                        if p.request is state and p.origin == action.head_start_of), key=len, default=[])
-        return written[: int(len(written) * state.config.lookahead_head_start)]
+        config = state.config
+        draw = random.Random(action.seeds[0] if action.seeds else action.expansion_id)
+        share = min(max(draw.gauss(config.lookahead_head_start, config.lookahead_head_start_std), 0.0), 1.0)
+        return written[: min(max(int(share * len(written)), 1), len(written) - 1)]
 
     def _cancel(self, state: RequestState, action: Cancel) -> None:
         for expansion in action.expansions:
