@@ -3,13 +3,15 @@ branching on min-subtracted scores, the live-sequence valve per request (force-f
 LookAhead continuations), a head start for every retained copy, and which steps one PRM call verifies."""
 
 import pytest
-from fake_backend import ScriptedEngine, ScriptedVerifier
+from fake_backend import EOS, NEWLINE, ScriptedEngine, ScriptedVerifier
 
 from specscale.search.branching import dynamic_children
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.search.seeds import node_seed
 from specscale.search.tree import CandidateState
 from specscale.sim.clock import VirtualClock
+from specscale.verify.prm import ScoreResult
 
 PROMPT = [1, 2, 3, 4, 5]
 
@@ -124,3 +126,57 @@ def test_children_per_retained_parent_follow_dynamic_branching():
             assert got == expected
             checked += 1
     assert checked > 4
+
+
+# ---- a hand-made trace ------------------------------------------------------------------------------------
+# One request, N = 4, M = 2 (k = 2), two rounds, the valve at 3 live beams. Round 0 writes steps of 2, 6, 3
+# and 8 letters scored 0.9, 0.5, 0.7, 0.2; "aa" finishes first and its LookAhead continuation starts, then
+# "ccc" finishes and starts its own: 2 real + 2 continuations exceed 3, so the oldest ("aa"'s) is cut.
+SEED = 3
+TEXTS = {(0,): "aa", (1,): "bbbbbb", (2,): "ccc", (3,): "dddddddd",
+         (0, 0, 0): "ee", (2, 0, 0): "ff", (0, 0, 1): "gggg", (0, 0, 2): "hhhhh", (0, 0, 3): "iiiiii"}
+SCORES = {"aa": 0.9, "bbbbbb": 0.5, "ccc": 0.7, "dddddddd": 0.2}
+KEY_OF = {node_seed(SEED, (i,) + rest): (i,) + rest for i in range(4) for rest in [()] + [(0, j) for j in range(4)]}
+
+
+def table_step(prefix: tuple, seed: int, final: bool) -> list[int]:
+    letters = [ord(ch) - ord("a") for ch in TEXTS.get(KEY_OF[seed], "zz")]
+    return letters + ([EOS] if final else [NEWLINE, NEWLINE])
+
+
+class TableVerifier:
+    """Scores each step by its text (0.3 when not in SCORES); remembers each call's paths."""
+
+    def __init__(self, clock):
+        self.clock, self.calls = clock, []
+
+    def score(self, requests):
+        self.calls.append(sorted(tuple(s.strip() for s in r.steps) for r in requests))
+        self.clock.advance(0.5)
+        return [ScoreResult(tuple(SCORES.get(s.strip(), 0.3) for s in r.steps), len(r.steps)) for r in requests]
+
+    def tokens_to_compute(self, request) -> int:
+        return 1
+
+
+def test_a_hand_made_trace_gets_fasttts_decisions():
+    clock = VirtualClock()
+    verifier = TableVerifier(clock)
+    runtime = SearchRuntime(ScriptedEngine(clock, table_step), verifier, clock=clock)
+    config = preset_config("fasttts", beam_size=4, beam_width=2, max_rounds=2, seed=SEED, max_live_sequences=3)
+    result = runtime.run([SearchRequest("q", [1, 2, 3], config, "r")])[0]
+    search = runtime.finished["r"].search
+    by_keys = {e.child_keys[0]: e for e in search.expansions.values()}
+    # selection: the top k = 2 of round 0; dynamic branching on 0.9 - 0.7 and 0.7 - 0.7 gives 4 and 0 children
+    assert search.decisions[0].retained == ((("aa\n\n",), 1), (("ccc\n\n",), 1))
+    assert [key for key, e in by_keys.items() if len(key) == 3 and not e.cancelled] == [(0, 0, 0), (0, 0, 1),
+                                                                                       (0, 0, 2), (0, 0, 3)]
+    assert by_keys[(2, 0, 0)].cancelled  # "ccc"'s continuation: its parent got no child
+    # the valve cut "aa"'s continuation, the oldest running one, when "ccc"'s started
+    assert search.lookaheads_cut == [by_keys[(0, 0, 0)].id]
+    # the cut continuation became "aa"'s first child; the other three start from its text
+    assert {by_keys[(0, 0, j)].head_start_of for j in (1, 2, 3)} == {by_keys[(0, 0, 0)].id}
+    # one PRM call per round of this request; "ccc"'s finished continuation is verified with round 0
+    assert verifier.calls == [[("aa",), ("bbbbbb",), ("ccc",), ("ccc", "ff"), ("dddddddd",)],
+                              [("aa", "ee"), ("aa", "gggg"), ("aa", "hhhhh"), ("aa", "iiiiii")]]
+    assert sorted(p.text for p in result.paths) == ["aa\n\nee", "aa\n\ngggg", "aa\n\nhhhhh", "aa\n\niiiiii"]
