@@ -196,7 +196,7 @@ def vote_is_right(problem: ToyProblem, answer: str | None) -> bool:
 
 
 def serving_numbers(run: BatchRun, problems: list[ToyProblem]) -> dict[str, float]:
-    """Throughput numbers of one batch (docs/BENCHMARKS.md): output tokens are the tokens of the returned paths."""
+    """Throughput numbers of one batch (docs/BENCHMARKS.md): output tokens are the returned paths' tokens."""
     elapsed = run.elapsed_s
     metrics = run.runtime.metrics.summary()
     usage = [r.usage for r in run.results]

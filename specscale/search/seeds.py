@@ -49,6 +49,7 @@ def seeds_of(request_seed: int | None, keys: tuple[tuple[int, ...], ...]) -> tup
     return tuple(node_seed(request_seed, key) for key in keys)
 
 
-def child_seeds(request_seed: int | None, parent_key: tuple[int, ...], first: int, count: int) -> tuple[int, ...] | None:
+def child_seeds(request_seed: int | None, parent_key: tuple[int, ...], first: int,
+                count: int) -> tuple[int, ...] | None:
     """Seeds of children first .. first + count - 1 of one parent: the lanes of one CD expansion."""
     return seeds_of(request_seed, tuple(parent_key + (first + j,) for j in range(count)))

@@ -106,8 +106,8 @@ class CompletionFormat:
         bodies = []
         for i, path in enumerate(paths):
             bodies.append(self._chunk_body(prepared, [self._delta_choice(i, path.text, role=i > 0)]))
-            bodies.append(self._chunk_body(prepared, [dict(self._delta_choice(i, None), finish_reason=path.finish_reason,
-                                                           **path_fields(path))]))
+            finish = dict(self._delta_choice(i, None), finish_reason=path.finish_reason, **path_fields(path))
+            bodies.append(self._chunk_body(prepared, [finish]))
         if not paths:  # no path completed: close choice 0 empty
             bodies.append(self._chunk_body(prepared, [dict(self._delta_choice(0, None), finish_reason="stop")]))
         bodies[-1]["search"] = search_summary(prepared, result)
