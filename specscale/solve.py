@@ -1,7 +1,8 @@
 """`specscale solve`: run a search preset over questions (default: held-out toy problems) and report.
 
 This is the project's main job on the bundled models: it prints each answer, the accuracy, output
-tokens per second and where the time went.
+tokens per second and where the time went. The `searches:` progress bar is drawn on a terminal only
+(stderr a TTY), so that a piped or logged run stays one line per answer plus the summary.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def add_solve(sub) -> None:
     p.add_argument("--prm", default=PipelineConfig.prm)
     p.add_argument("--max-concurrency", type=int, default=32)
     p.add_argument("--device", default=PipelineConfig.device, help="cpu or cuda")
-    p.add_argument("--quiet", action="store_true", help="only the summary")
+    p.add_argument("--quiet", action="store_true", help="one line per question (its answer), then the summary")
     p.set_defaults(func=run_solve)
 
 
@@ -48,21 +49,29 @@ def run_solve(args) -> int:
     results = serve(pipeline, requests)
     correct = 0
     for i, (question, result) in enumerate(zip(questions, results)):
-        ok = problems is not None and result.best is not None and is_correct(problems[i], result.best.text)
+        problem = problems[i] if problems is not None else None
+        ok = problem is not None and result.best is not None and is_correct(problem, result.best.text)
         correct += ok
-        if not args.quiet:
-            verdict = "" if problems is None else ("  [correct]" if ok else f"  [wrong; true {problems[i].answer}]")
-            print(f"### {question}\nanswer: {result.answer}  (weighted vote {result.weighted_vote}){verdict}\n")
+        print(answer_line(question, result, problem, ok, args.quiet))
     report(pipeline, results, correct if problems is not None else None, args.preset)
     pipeline.close()
     return 0
+
+
+def answer_line(question: str, result, problem, ok: bool, quiet: bool) -> str:
+    """What `solve` prints for one question: the question and the answer with its weighted vote, or
+    with ``quiet`` the answer alone on one line; a verdict when the true answer is known."""
+    verdict = "" if problem is None else ("  [correct]" if ok else f"  [wrong; true {problem.answer}]")
+    if quiet:
+        return f"answer: {result.answer}{verdict}"
+    return f"### {question}\nanswer: {result.answer}  (weighted vote {result.weighted_vote}){verdict}\n"
 
 
 def serve(pipeline: Pipeline, requests) -> list:
     runtime = pipeline.runtime
     ids = [runtime.submit(r) for r in requests]
     start = time.perf_counter()
-    with tqdm(total=len(ids), desc="searches", unit="req") as bar:
+    with tqdm(total=len(ids), desc="searches", unit="req", disable=None) as bar:  # None: off unless a TTY
         while runtime.has_work():
             bar.update(len(runtime.step()))
     pipeline.elapsed_s = time.perf_counter() - start

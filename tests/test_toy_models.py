@@ -145,6 +145,8 @@ def test_stats_quick_mode_gives_sane_numbers(tmp_path):
     assert math.isnan(stats["within_problem_auc"]) or 0.0 <= stats["within_problem_auc"] <= 1.0
     assert 0.0 <= stats["perfect_score_fraction"] <= 1.0
     assert stats["problems"] == 4
+    shares = [stats[f"events_{low}_{high}_share"] for low, high in toy_stats.DIFFICULTY_BANDS]
+    assert sum(shares) == pytest.approx(1.0)
 
 
 def test_greedy_generator_solves_some_problems(models):

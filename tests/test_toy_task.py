@@ -3,6 +3,7 @@
 import random
 import re
 import statistics
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -22,7 +23,7 @@ from specscale.tasks.toy import (
     split_steps,
     toy_problems,
 )
-from specscale.tasks.toy_corrupt import corrupt_steps
+from specscale.tasks.toy_corrupt import corrupt_steps, wrong_number
 from specscale.tasks.toy_solutions import NO_SLIPS, SlipRates, needs_carry, render_solution, slipped_result
 
 
@@ -138,6 +139,24 @@ def test_problems_are_well_formed():
         assert all(0 <= v <= MAX_VALUE for v in problem.values)
         assert problem.answer == str(problem.values[-1])
         assert all(op.sentence in problem.question for op in problem.ops)
+
+
+def test_problems_have_one_to_eight_events_in_both_splits():
+    """One-event questions are what newcomers type first (issue 17); eight events is the long end."""
+    assert (MIN_OPS, MAX_OPS) == (1, 8)
+    for split in ("train", "test"):
+        counts = Counter(len(p.ops) for p in toy_problems(split, 800, seed=0))
+        assert set(counts) == set(range(1, 9))
+        assert min(counts.values()) > 800 / 8 / 2  # roughly uniform
+
+
+def test_wrong_number_is_a_plausible_nonnegative_wrong_value():
+    rng = random.Random(0)
+    for value in range(0, 3 * MAX_VALUE):
+        drawn = [wrong_number(value, rng) for _ in range(30)]
+        assert all(v != value and v >= 0 for v in drawn)
+    dropped_carries = sum(wrong_number(25, rng) == 15 for _ in range(3000))
+    assert 900 < dropped_carries < 1300  # a third of the time, plus the odd random draw
 
 
 @settings(max_examples=60, deadline=None)

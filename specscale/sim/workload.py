@@ -274,7 +274,7 @@ TOY = WorkloadParams(
         "step_tokens_sigma": "docs/toy-models.md: within-round CV 0.37; gives waiting 37.7% at N = 8 (measured: 39.3% "
                              "median, 37.3% mean)",
         "prm": "docs/toy-models.md: within-problem AUC 0.92, 2.1-3.8% exact 1.0 in bf16",
-        "question_tokens_median": "assumption: a toy story of 2-6 events is about 30 tokens",
+        "question_tokens_median": "assumption: a toy story of 1-8 events is about 30 tokens",
     },
 )
 

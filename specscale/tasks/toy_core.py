@@ -13,7 +13,7 @@ from specscale.tasks.prompts import STEP_SEPARATOR
 
 MAX_VALUE = 30
 MAX_OPERAND = 12  # largest number added or taken away in one event
-MIN_OPS, MAX_OPS = 2, 6
+MIN_OPS, MAX_OPS = 1, 8  # events per problem, drawn uniformly (so is the test split's mix)
 TEST_BUCKETS = 8  # one question in TEST_BUCKETS belongs to the test split
 
 NAMES = ("Mia", "Leo", "Ava", "Sam", "Zoe", "Max", "Ivy", "Ben", "Eva", "Tom", "Amy", "Dan")
@@ -96,7 +96,7 @@ def split_of(question: str) -> str:
 
 
 def random_problem(rng: random.Random) -> ToyProblem:
-    """Draw one problem: a start value and 2..6 events that keep the total within 0..MAX_VALUE."""
+    """Draw one problem: a start value and MIN_OPS..MAX_OPS events that keep the total within 0..MAX_VALUE."""
     name, other = rng.sample(NAMES, 2)
     item = rng.choice(ITEMS)
     start = rng.randint(2, 20)

@@ -3,7 +3,8 @@
 ``corrupt_steps(problem, steps, rng) -> list[str]`` copies a solution's steps and breaks one step that
 states an equation or a boxed answer, in one of the ways a reasoner goes wrong:
 
-- ``result``: a wrong result (off by one or ten, digits swapped, a forgotten carry, any number);
+- ``result``: a wrong result (``wrong_number``: off by one or ten, digits swapped, a forgotten carry,
+  any number);
 - ``operand``: the event's operand replaced (and the arithmetic redone correctly, so only the operand
   is wrong), sometimes in the step's restatement of the event too;
 - ``value``: a wrong running total carried into the equation (arithmetic redone correctly);
@@ -42,11 +43,14 @@ def corrupt_steps(problem: ToyProblem, steps: list[str], rng: random.Random) -> 
 
 
 def wrong_number(value: int, rng: random.Random) -> int:
-    """A plausible wrong version of ``value`` (never ``value`` itself, never negative)."""
+    """A plausible wrong version of ``value`` (never ``value`` itself, never negative): a dropped carry
+    or borrow (off by ten) a third of the time when ``value`` >= 10, else off by one or two, up by ten,
+    its digits swapped, or any number of the task's range."""
+    if value >= 10 and rng.random() < 1 / 3:
+        return value - 10
     swapped = int(str(value)[::-1])
-    options = [value + 1, value - 1, value + 10, value - 10, value + 2, swapped, rng.randint(0, MAX_VALUE)]
-    options = [v for v in options if v >= 0 and v != value]
-    return rng.choice(options)
+    options = [value + 1, value - 1, value + 10, value + 2, swapped, rng.randint(0, MAX_VALUE)]
+    return rng.choice([v for v in options if v >= 0 and v != value])
 
 
 def _corrupt_equation(problem: ToyProblem, step: str, match: re.Match, rng: random.Random) -> str:

@@ -17,6 +17,8 @@ loaded from ``specscale/assets`` in bf16 (``--generator``/``--prm`` override the
    tokens per step (median, p90), their coefficient of variation within a round, the waiting-time
    ratio 1 - mean/max of step lengths per round, the common-prefix token ratio (1 - token-trie nodes /
    tokens over each sibling group), steps per solution, and the search's accuracy.
+4. Difficulty mix: how many problems have 1-2, 3-5 and 6-8 events (``DIFFICULTY_BANDS``; the test split
+   draws 1..8 uniformly), and per band the single-sample and beam-search accuracies.
 
 Writes ``toy_stats.json`` under ``--out`` (if given) and prints a Markdown table.
 """
@@ -52,6 +54,7 @@ from specscale.tasks.toy_rounds import BeamSettings, SearchResult, beam_search
 from specscale.verify.hf_prm import score_batch
 
 SAMPLES = 8
+DIFFICULTY_BANDS = ((1, 2), (3, 5), (6, 8))  # events per problem, inclusive
 
 
 def sample_solutions(models: ToyModels, problems: list[ToyProblem], n: int, seed: int) -> list[list[str]]:
@@ -158,6 +161,20 @@ def workload_metrics(results: list[SearchResult], texts: list[list[str]]) -> dic
     }
 
 
+def difficulty_metrics(problems, texts, results: list[SearchResult]) -> dict[str, float]:
+    """Per band of ``DIFFICULTY_BANDS``: its share of the problems, single-sample and beam accuracy."""
+    stats: dict[str, float] = {}
+    for low, high in DIFFICULTY_BANDS:
+        band = [i for i, p in enumerate(problems) if low <= len(p.ops) <= high]
+        single = [np.mean([is_correct(problems[i], t) for t in texts[i]]) for i in band]
+        beam = [is_correct(problems[i], results[i].answer_text) for i in band]
+        name = f"events_{low}_{high}"
+        stats[f"{name}_share"] = len(band) / max(1, len(problems))
+        stats[f"{name}_single"] = float(np.mean(single)) if band else float("nan")
+        stats[f"{name}_beam_search"] = float(np.mean(beam)) if band else float("nan")
+    return stats
+
+
 def _trie_size(sequences: list[list[int]]) -> int:
     """Nodes of the token trie of ``sequences``: the tokens left after sharing common prefixes."""
     return len({tuple(seq[: i + 1]) for seq in sequences for i in range(len(seq))})
@@ -177,7 +194,9 @@ def measure(models: ToyModels, problems: list[ToyProblem], seed: int) -> dict[st
     stats |= step_metrics(problems, steps, labels, scores)
     stats |= corrupted_pair_metrics(models, problems, seed)
     settings = BeamSettings(sampling=SamplingSettings(seed=seed))
-    stats |= workload_metrics(beam_search(models, problems, settings), texts)
+    results = beam_search(models, problems, settings)
+    stats |= workload_metrics(results, texts)
+    stats |= difficulty_metrics(problems, texts, results)
     stats["seconds"] = time.perf_counter() - started
     return stats
 

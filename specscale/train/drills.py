@@ -12,6 +12,7 @@ import random
 from collections.abc import Iterator
 
 from specscale.tasks.toy_core import MAX_VALUE, SYMBOLS, apply_op, random_event
+from specscale.tasks.toy_corrupt import wrong_number
 
 IGNORE = -100
 _INVERSE = {"add": "sub", "sub": "add", "mul": "div", "div": "mul"}
@@ -52,7 +53,7 @@ def verification_drill(tokenizer, rng: random.Random, tag_id: int, equations: in
     labels: list[int] = []
     for _ in range(equations):
         a, symbol, b, c = random_equation(rng)
-        shown = c if rng.random() < 0.5 else _wrong_result(c, rng)
+        shown = c if rng.random() < 0.5 else wrong_number(c, rng)
         head = tokenizer.encode(f" {a} {symbol} {b} =", add_special_tokens=False)
         ids += head
         labels += [IGNORE] * len(head)
@@ -66,11 +67,3 @@ def verification_drill(tokenizer, rng: random.Random, tag_id: int, equations: in
         ids += tokenizer.encode(".", add_special_tokens=False) + [tag_id]
         labels += [right, right]
     return ids, labels
-
-
-def _wrong_result(value: int, rng: random.Random) -> int:
-    """A dropped carry or borrow (off by ten) a third of the time, else another plausible wrong number."""
-    if value >= 10 and rng.random() < 1 / 3:
-        return value - 10
-    options = [value + 1, value - 1, value + 10, value + 2, int(str(value)[::-1]), rng.randint(0, MAX_VALUE)]
-    return rng.choice([v for v in options if v >= 0 and v != value])

@@ -3,12 +3,14 @@
 ``train_toy(out, seed, recipe)`` writes ``out/toy-generator`` and ``out/toy-prm``, two Hugging Face
 folders (``config.json``, ``model.safetensors`` in bf16, ``tokenizer.json``, ``tokenizer_config.json``
 with a ChatML ``chat_template``; ``generation_config.json`` for the generator) plus a
-``training.json`` per folder with the recipe and measured times. ``python -m specscale.train toy``
-runs it into the package's ``assets`` folder.
+``training.json`` per folder with the recipe and measured times. The generator's folder is written as
+soon as it is trained, before the PRM's run, so that ``--generator-from`` can resume from it.
+``python -m specscale.train toy`` runs it into the package's ``assets`` folder.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import random
@@ -69,11 +71,13 @@ def train_toy(out: Path, seed: int = 0, recipe: ToyRecipe = ToyRecipe(), log=pri
 
     generator, generator_record = obtain_generator(gen_tokenizer, recipe, seed, log, generator_from)
     times["generator_s"] = time.perf_counter() - started - sum(times.values())
+    if not generator_from:  # on disk before the PRM's long run, so that --generator-from can resume there
+        save_generator(copy.deepcopy(generator), gen_tokenizer, gen_dir, dict(generator_record, times=times))
+        log(f"generator saved to {gen_dir}")
     prm = train_prm(generator, gen_tokenizer, prm_tokenizer, recipe.prm, seed, log)
     times["prm_s"] = time.perf_counter() - started - sum(times.values())
 
-    save_model(generator, gen_dir, dict(generator_record, times=generator_record.get("times", times)))
-    generation_config(gen_tokenizer).save_pretrained(gen_dir)
+    save_generator(generator, gen_tokenizer, gen_dir, dict(generator_record, times=generator_record.get("times", times)))
     prm_record = {"seed": seed, "recipe": recipe.prm, "times": times}
     if generator_from:
         prm_record["generator_from"] = "the toy-generator beside it, loaded from its bf16 checkpoint"
@@ -89,6 +93,12 @@ def obtain_generator(gen_tokenizer, recipe: ToyRecipe, seed: int, log, generator
         generator = AutoModelForCausalLM.from_pretrained(generator_from, dtype=torch.float32)
         return generator, json.loads((generator_from / "training.json").read_text())
     return train_generator(gen_tokenizer, recipe.generator, seed, log), {"seed": seed, "recipe": recipe.generator}
+
+
+def save_generator(generator, tokenizer, folder: Path, record: dict) -> None:
+    """The generator's folder: bf16 weights, ``training.json`` and its ``generation_config.json``."""
+    save_model(generator, folder, record)
+    generation_config(tokenizer).save_pretrained(folder)
 
 
 def generation_config(tokenizer) -> GenerationConfig:
