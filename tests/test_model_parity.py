@@ -102,20 +102,16 @@ def test_bfloat16_matches_transformers_bfloat16(family, request, test_device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_linears_are_prepacked_and_exact(qwen2_dir, dtype):
-    """On CPU every fp32 / bf16 linear carries a oneDNN-prepacked weight, used from PACKED_MIN_ROWS rows on,
-    and it computes what F.linear computes (the parity tests above cover whole models)."""
+def test_cpu_linears_are_prepacked(qwen2_dir, dtype):
+    """On CPU every fp32 / bf16 linear holds only its oneDNN-prepacked weight (exactness: test_model_memory.py;
+    the parity tests above cover whole models)."""
     from specscale.model.loader import load_model
-    from specscale.model.transformer import PACKED_MIN_ROWS, Linear, can_prepack
+    from specscale.model.transformer import Linear, can_prepack
 
     model = load_model(qwen2_dir, dtype=str(dtype).removeprefix("torch."))
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     packs = can_prepack(torch.device("cpu"), dtype)  # False without oneDNN, or bf16 on a CPU without AVX-512
     assert linears and all((m.packed is not None) == packs for m in linears)
     assert any(m.bias is not None for m in linears)  # qkv carries Qwen2's bias through the packed call
-    tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
-    for rows in sorted({1, PACKED_MIN_ROWS[dtype], 40}):
-        for m in linears[:3]:
-            x = torch.randn(rows, m.in_features, dtype=dtype)
-            expected = torch.nn.functional.linear(x, m.weight, m.bias)
-            torch.testing.assert_close(m(x), expected, rtol=tolerance, atol=tolerance)
+    assert all((m.weight is None) == packs for m in linears)
+    assert model.model.embed_tokens.weight is not None  # the tied head's table stays for the lookups

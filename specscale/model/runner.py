@@ -15,6 +15,7 @@ from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.model import cpu_kernels
 from specscale.model.attention import AttentionMetadata
 from specscale.model.loader import load_model, read_hf_config
+from specscale.model.memory import ModelMemory, tensors_bytes, weight_bytes
 
 
 def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
@@ -68,6 +69,15 @@ class TorchModelRunner(ModelRunner):
                 raise RuntimeError("the C++ CPU kernels could not be built on this machine")
             return False
         return True
+
+    def memory(self) -> ModelMemory:
+        rotary = self.model.rotary
+        return ModelMemory(
+            weight_bytes=weight_bytes(self.model),
+            kv_cache_bytes=tensors_bytes(cache for layer in self.kv_caches for cache in layer),
+            rope_table_bytes=tensors_bytes([rotary.cos, rotary.sin]),
+            device=str(self.device),
+        )
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:

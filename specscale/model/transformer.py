@@ -125,35 +125,34 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-# Below this many rows torch's fp32 F.linear beats the prepacked oneDNN call (whose fixed cost is ~14 us);
-# in bf16 the prepacked path wins from one row on (docs/BENCHMARKS.md, engine section).
-PACKED_MIN_ROWS = {torch.float32: 8, torch.bfloat16: 1}
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class Linear(nn.Linear):
-    """nn.Linear with an optional oneDNN-prepacked copy of its weight for CPU fp32 / bf16 (`prepack()`).
+    """nn.Linear whose weight can be handed over to oneDNN once at load time (`prepack()`, CPU fp32 / bf16).
 
     For the 1-128-row batches of a small model, torch's F.linear runs at a third (fp32: an sgemm on the
     plain weight) to a half (bf16: one thread) of the speed of a oneDNN matmul on a weight laid out for it
-    once at load time; the results are the same.
+    once; the results are the same. A prepacked Linear keeps only the packed weight (one copy of every
+    weight on CPU; docs/BENCHMARKS.md, "Real-size models"): `weight` becomes None unless another module
+    shares it (a tied LM head's embedding table), and every call takes the oneDNN path.
     """
 
     packed: torch.Tensor | None = None
-    packed_min_rows: int = 1
 
     def prepack(self, batch_size_hint: int = 64) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_size=batch_size_hint)
-        self.packed_min_rows = PACKED_MIN_ROWS[self.weight.dtype]
+        self.weight = None  # frees the plain copy unless a tied module still holds it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] -> [T, out]
-        if self.packed is not None and x.shape[0] >= self.packed_min_rows:
+        if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether Linear.prepack applies: fp32 or bf16 on a CPU whose torch build has oneDNN."""
-    if not (device.type == "cpu" and dtype in PACKED_MIN_ROWS and torch.backends.mkldnn.is_available()
+    if not (device.type == "cpu" and dtype in PACKABLE_DTYPES and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return False
     # oneDNN's bf16 reorder needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; an AVX2-only CPU keeps F.linear
@@ -278,7 +277,7 @@ class TransformerForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def prepack_linears(self) -> None:
-        """Lay every linear weight out for oneDNN once (CPU fp32 only; see Linear)."""
+        """Lay every linear weight out for oneDNN once, dropping the plain copy (CPU fp32 / bf16; see Linear)."""
         weight = self.model.embed_tokens.weight
         if can_prepack(weight.device, weight.dtype):
             for module in self.modules():

@@ -3,7 +3,7 @@
 `POST /v1/chat/completions` and `POST /v1/completions` read the body (413 over the size limit, 400 on
 malformed JSON), validate it (400 naming the field), prepare the search (tokenization off the event
 loop), submit it (429 + Retry-After when the waiting queue is full) and then either await its outcome
-or stream its events as Server-Sent Events. `GET /v1/models`, `/health` and `/metrics` report. With an
+or stream its events as Server-Sent Events. `GET /v1/models`, `/health` (with resident memory) and `/metrics` report. With an
 API key, the /v1 routes need `Authorization: Bearer <key>` (401 otherwise).
 """
 
@@ -87,7 +87,7 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
                 "requests_running": snapshot.running, "requests_waiting": engine_loop.waiting(),
                 "kv_blocks_used": snapshot.kv_blocks_used, "kv_blocks_total": snapshot.kv_blocks_total,
                 "prm_kv_blocks_used": snapshot.prm_kv_blocks_used, "live_sequences": snapshot.live_sequences,
-                "ticks": snapshot.ticks}
+                "ticks": snapshot.ticks, "memory": engine_loop.memory()}
         return JSONResponse(body, status_code=200 if snapshot.failure is None else 503)
 
     @app.get("/metrics")

@@ -1,7 +1,8 @@
 """`specscale serve`: build the pipeline, the engine loop and the app, bind the socket, run uvicorn.
 
 The socket is bound before uvicorn starts, so `--port 0` serves on a free port; the line
-`SpecScale serving <model> at http://HOST:PORT` on stdout says where (tests and scripts read it).
+`SpecScale serving <model> at http://HOST:PORT` on stdout says where (tests and scripts read it); the
+lines before it say what memory each model holds (weights, KV pool) and the process's resident memory.
 Checkpoints are read as safetensors, tokenizer.json and a sandboxed chat template: no code from a
 checkpoint folder is ever imported or executed.
 """
@@ -96,11 +97,21 @@ def build_server(args):
         max_beam_size=args.max_beam_size, request_timeout_s=args.request_timeout, max_body_bytes=args.max_body_bytes,
         api_key=args.api_key or None,
     )
+    log_memory(pipeline)
     metrics = ServerMetrics()
     engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s)
     builder = SearchBuilder(pipeline.engine.tokenizer, pipeline.config.system_prompt, pipeline.engine.max_model_len,
                             pipeline.verifier.format, pipeline.verifier.max_input_tokens, settings)
     return build_app(engine_loop, builder, metrics, settings, on_shutdown=pipeline.close)
+
+
+def log_memory(pipeline) -> None:
+    """Start-up lines on stdout (whatever the log level): what each model holds, the process's resident memory."""
+    from specscale.model.memory import MIB, process_resident_bytes
+
+    print(f"SpecScale generator memory: {pipeline.engine.model_memory().describe()}", flush=True)
+    print(f"SpecScale PRM memory: {pipeline.verifier.engine.model_memory().describe()}", flush=True)
+    print(f"SpecScale process resident memory: {process_resident_bytes() / MIB:,.0f} MiB", flush=True)
 
 
 def bind(host: str, port: int) -> socket.socket:
