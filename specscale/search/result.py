@@ -21,6 +21,7 @@ class CompletedPath:
     answer: str | None
     num_tokens: int
     copies: int  # identical logical paths this entry stands for (CD)
+    score_error: str | None = None  # why the PRM did not score every step (its input exceeded the PRM's context)
 
 
 @dataclass
@@ -84,7 +85,8 @@ def build_result(finished_pool: list, beam_size: int, rounds: int, error: str | 
         left -= copies
         steps = tuple(c.steps())
         text = "".join(steps)
-        paths.append(CompletedPath(text, steps, c.step_scores, c.score, extract_answer(text), c.path_tokens(), copies))
+        paths.append(CompletedPath(text, steps, c.step_scores, c.score, extract_answer(text), c.path_tokens(), copies,
+                                   c.score_error))
     weighted, majority = votes(paths)
     best = paths[0] if paths else None
     return SearchResult(best.answer if best else None, best, paths, weighted, majority, rounds=rounds, error=error)

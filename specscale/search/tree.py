@@ -71,6 +71,7 @@ class Candidate:
     verify_sent: bool = False
     children: list[Expansion] = field(default_factory=list)
     retained_copies: int = 0
+    score_error: str | None = None  # why the PRM did not score every step (e.g. past its context)
 
     @property
     def round(self) -> int:
