@@ -7,6 +7,7 @@ token per id, so every sampled id decodes. The shapes are the Qwen2.5 model card
 generators; "7b-prm" is Qwen2.5-Math-PRM-7B's body with its 2-class score head).
 
     python benchmarks/random_checkpoint.py 0.5b 1.5b     # prints each folder
+    python benchmarks/random_checkpoint.py 7b 7b-prm --device cuda   # draws the weights on the GPU (faster)
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def cache_dir() -> Path:
     return root / "random-checkpoints"
 
 
-def random_checkpoint(name: str, seed: int = 0) -> Path:
+def random_checkpoint(name: str, seed: int = 0, device: str = "cpu") -> Path:
     """The folder of the named shape's checkpoint, built on first use (minutes for the larger ones)."""
     path = cache_dir() / f"qwen2.5-{name}-random"
     if (path / "config.json").is_file():
@@ -64,7 +65,7 @@ def random_checkpoint(name: str, seed: int = 0) -> Path:
     shape = SHAPES[name]
     path.mkdir(parents=True, exist_ok=True)
     _write_tokenizer(path)
-    _write_weights(path, shape, seed)
+    _write_weights(path, shape, seed, device)
     (path / "config.json").write_text(json.dumps(_config(shape), indent=2))  # last: marks the folder complete
     return path
 
@@ -81,8 +82,8 @@ def _config(shape: Shape) -> dict:
     }
 
 
-def _write_weights(path: Path, shape: Shape, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
+def _write_weights(path: Path, shape: Shape, seed: int, device: str) -> None:
+    generator = torch.Generator(device=device).manual_seed(seed)
     weight_map: dict[str, str] = {}
     shards = [("model.embed_tokens.weight", "model.norm.weight", *(["lm_head.weight"] if not (shape.tied or shape.prm) else []))]
     shards += [tuple(f"model.layers.{i}." for i in range(start, min(start + 4, shape.layers)))
@@ -124,7 +125,8 @@ def _score_head(shape: Shape, generator: torch.Generator) -> dict[str, torch.Ten
 
 
 def _normal(size: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    return (torch.randn(size, generator=generator) * 0.02).to(torch.bfloat16)
+    values = torch.randn(size, generator=generator, device=generator.device) * 0.02
+    return values.to(torch.bfloat16).cpu()
 
 
 def _write_tokenizer(path: Path) -> None:
@@ -148,8 +150,10 @@ def _write_tokenizer(path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="+", choices=sorted(SHAPES))
-    for name in parser.parse_args().names:
-        print(random_checkpoint(name), flush=True)
+    parser.add_argument("--device", default="cpu", help="where the random weights are drawn (cuda is faster)")
+    args = parser.parse_args()
+    for name in args.names:
+        print(random_checkpoint(name, device=args.device), flush=True)
 
 
 if __name__ == "__main__":
