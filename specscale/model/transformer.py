@@ -123,7 +123,7 @@ def _yarn_factor(scaling: dict, context: int) -> float:
 def _yarn_scaled(inv_freq: torch.Tensor, scaling: dict, theta: float, context: int) -> torch.Tensor:
     # YaRN ("NTK-by-parts"): frequencies that turn more than beta_fast times over the original context
     # are kept, those that turn fewer than beta_slow times are divided by `factor`, and a linear ramp
-    # over the dimension index blends the band between (docs/BENCHMARKS.md, "Real-size formats").
+    # over the dimension index blends the band between (docs/BENCHMARKS.md, "Real-size models").
     factor = _yarn_factor(scaling, context)
     original = scaling["original_max_position_embeddings"]
     d = 2 * inv_freq.shape[0]
