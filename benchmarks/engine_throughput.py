@@ -16,7 +16,8 @@ On CUDA the section written is a separate one (``engine-throughput-cuda``), so b
 random_checkpoint.py under ~/.cache/specscale/random-checkpoints) instead of `--model`, and adds per row
 the achieved GFLOP/s of our engine (FLOPs of a decode token: 2 per linear weight, LM head included, plus
 attention over the mean context) against the GEMM peak measured here first (the prepacked linear of the
-model's largest decode GEMM, 64 rows), and the memory the engine holds (model/memory.py); its section is
+model's largest decode GEMM, 64 rows), and the memory the engine holds (model/memory.py: weights, KV
+pool, RoPE tables; the process's resident memory is measured in a fresh process, docs/BENCHMARKS.md); its section is
 ``engine-throughput-real[-cuda]``.
 """
 
@@ -42,7 +43,6 @@ from specscale.config import EngineConfig
 from specscale.defaults import TOY_GENERATOR
 from specscale.engine.engine import Engine
 from specscale.engine.sequence import SamplingParams
-from specscale.model.memory import MIB, process_resident_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from random_checkpoint import SHAPES, random_checkpoint  # noqa: E402
@@ -100,11 +100,10 @@ def run_local(args, model: str, memory: dict | None = None) -> dict:
     results: dict = {}
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     for dtype in args.dtypes:
-        before = process_resident_bytes()
         engine = Engine(EngineConfig(model=model, dtype=dtype, kv_cache_memory_gb=args.kv_gb, max_num_seqs=512,
                                      device=args.device))
         if memory is not None:
-            memory[dtype] = (engine.model_memory(), process_resident_bytes() - before)
+            memory[dtype] = engine.model_memory()
         timers = {"specscale": lambda p, n: time_ours(engine, p, n, args.temperature)}
         if not args.skip_transformers:
             hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(args.device).eval()
@@ -236,9 +235,8 @@ def real_size_report(args) -> str:
         parts.append(f"**Qwen2.5-{name.upper()} shape** ({shape.layers} layers, hidden {shape.hidden}, vocabulary "
                      f"151,936; {per_token / 1e9:.2f} GFLOP per decode token):\n")
         parts.append(table(results, args, lambda batch: per_token, peaks))
-        for dtype, (held, grown) in memory.items():
-            parts.append(f"Memory, {dtype}: {held.describe()}; resident memory grew {grown / MIB:,.0f} MiB "
-                         f"at engine start.\n")
+        for dtype, held in memory.items():
+            parts.append(f"Memory our engine holds, {dtype}: {held.describe()}.\n")
     return "\n".join(parts)
 
 
