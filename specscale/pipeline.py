@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specscale.chat_text import render_chat_text
 from specscale.config import EngineConfig, SearchConfig
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.engine.engine import Engine
@@ -26,7 +27,8 @@ CPU_SPARE_ROWS = 32
 @dataclass(frozen=True)
 class PipelineConfig:
     """generator / prm: local Hugging Face folders. lv_threshold_tokens None reads the profiler's file
-    (`specscale profile-prm`) for this PRM and device, else falls back to 2048."""
+    (`specscale profile-prm`) for this PRM and device, else falls back to 2048. trust_special_tokens:
+    special-token text in questions is read as control tokens (default: plain text; chat_text.py)."""
 
     generator: str = str(TOY_GENERATOR)
     prm: str = str(TOY_PRM)
@@ -41,6 +43,7 @@ class PipelineConfig:
     lv_threshold_tokens: int | None = None
     system_prompt: str = TOY_GENERATOR_SYSTEM_PROMPT
     seed: int = 0
+    trust_special_tokens: bool = False
 
 
 class Pipeline:
@@ -54,7 +57,7 @@ class Pipeline:
         self.verifier = Verifier(VerifierConfig(EngineConfig(
             model=config.prm, dtype=config.prm_dtype, device=config.device, kv_cache_memory_gb=config.prm_kv_gb,
             max_num_batched_tokens=8192, max_num_seqs=1024, seed=config.seed,
-        )))
+        ), trust_special_tokens=config.trust_special_tokens))
         self.lv_threshold_tokens = self._lv_threshold()
         extra = {} if clock is None else {"clock": clock}
         self.runtime = SearchRuntime(self.engine, self.verifier, max_concurrency=config.max_concurrency,
@@ -72,8 +75,8 @@ class Pipeline:
 
     def prompt_ids(self, question: str) -> list[int]:
         messages = [{"role": "system", "content": self.config.system_prompt}, {"role": "user", "content": question}]
-        tok = self.engine.tokenizer
-        return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+        chat = render_chat_text(self.engine.tokenizer, messages, add_generation_prompt=True)
+        return chat.encode(self.engine.tokenizer, trusted=self.config.trust_special_tokens)
 
     def request(self, question: str, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
         return SearchRequest(question, self.prompt_ids(question), config, request_id)

@@ -48,3 +48,13 @@ def test_a_small_kv_pool_preempts_and_still_finishes():
     assert all(r.error is None and r.paths for r in results)
     assert sim.engine.block_manager.num_free_blocks == 400
     sim.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_barely_larger_than_the_shared_prefixes_does_not_livelock():
+    """150 blocks: every running sequence shares all its blocks with a paused parent, so only groups can
+    be preempted; the old scheduler preempted sequences that freed nothing and spun forever."""
+    results, _, sim = serve(SimulationConfig(seed=0, generator_kv_blocks=150), "naive-spec", problems=3, beam_size=8)
+    assert all(r.error is None and r.paths for r in results)
+    assert sim.engine.block_manager.num_free_blocks == 150
+    sim.close()

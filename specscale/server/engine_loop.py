@@ -167,9 +167,9 @@ class EngineLoop:
     def _refusal(self) -> Refusal | None:
         if self._stopping or self.snapshot.failure is not None:
             return Refusal(503, f"the engine is not serving: {self.snapshot.failure or 'shutting down'}")
-        if self._queued() >= self.max_waiting + self._free_slots:
-            return Refusal(429, f"the server is at capacity ({self._queued()} searches waiting); retry later",
-                           retry_after_s=self.retry_after_s)
+        if self._queued() - self._free_slots >= self.max_waiting:  # one more would wait beyond the bound
+            return Refusal(429, f"the server is at capacity ({self._waiting()} searches waiting for one of "
+                           f"{self.runtime.max_concurrency} slots); retry later", retry_after_s=self.retry_after_s)
         return None
 
     def cancel(self, request_id: str, reason: str) -> None:
@@ -179,8 +179,13 @@ class EngineLoop:
             self._condition.notify()
 
     def waiting(self) -> int:
+        """Searches accepted that will wait for a slot: what `max_waiting` bounds (those about to take a
+        free slot are not waiting)."""
         with self._condition:
-            return self._queued()
+            return self._waiting()
+
+    def _waiting(self) -> int:
+        return max(self._queued() - self._free_slots, 0)
 
     def _queued(self) -> int:
         return self._runtime_waiting + self._inbox.submits
@@ -251,7 +256,7 @@ class EngineLoop:
             self._runtime_waiting = len(runtime.waiting)
             self._free_slots = max(runtime.max_concurrency - len(runtime.active), 0)
             self.snapshot = EngineSnapshot(
-                ticks=self._ticks, running=len(runtime.active), waiting=self._queued(),
+                ticks=self._ticks, running=len(runtime.active), waiting=self._waiting(),
                 kv_blocks_used=self._generator_blocks().num_used_blocks,
                 kv_blocks_total=self._generator_blocks().num_blocks,
                 prm_kv_blocks_used=self._prm_blocks().num_used_blocks,
