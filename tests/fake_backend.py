@@ -2,9 +2,9 @@
 virtual clock: exact tests of the search logic (the real engine and PRM are tested end to end
 elsewhere).
 
-Step texts are a function of (prefix tokens, seed): a row of multiplicity m and seed s stands for m
-logical copies with seeds s..s+m-1 — exactly the children it replaces — and splits where their
-scripted texts diverge, as the real engine's multi-draw sampling does. Each iteration emits one token
+Step texts are a function of (prefix tokens, seed): a row of multiplicity m stands for m logical copies
+with its m lane seeds — exactly the seeds of the children it replaces — and splits where their
+scripted texts diverge, as the real engine's laned multi-draw sampling does. Each iteration emits one token
 per running row and advances the clock by `decode_cost`; a verifier call advances it by `prm_cost`.
 """
 
@@ -61,6 +61,8 @@ class FakeSeq:
     plans: list[list[int]] = field(default_factory=list)  # per logical copy: its scripted step
     position: int = 0  # tokens of the step emitted so far
     readout: bool = False
+    lane_seeds: tuple[int, ...] | None = None
+    lane_ids: list[int] = field(default_factory=lambda: [0])  # parallel to plans
 
 
 class _Blocks:
@@ -83,17 +85,18 @@ class ScriptedEngine:
 
     # ---- the Engine interface the runtime uses ----
     def add(self, prompt_ids, params=None, *, priority=0, multiplicity=1, readout_positions=None,
-            abort_on_preempt=False) -> int:
+            abort_on_preempt=False, lane_seeds=None) -> int:
         seq = FakeSeq(next(self._ids), list(prompt_ids), params, priority, multiplicity, abort_on_preempt)
-        seq.readout = params is None
+        seq.readout, seq.lane_seeds = params is None, lane_seeds
         self.seqs[seq.seq_id] = seq
         if not seq.readout:
             self._plan(seq)
         return seq.seq_id
 
     def extend(self, seq_id, params=None, *, token_ids=(), priority=None, multiplicity=None,
-               readout_positions=None, abort_on_preempt=False) -> None:
+               readout_positions=None, abort_on_preempt=False, lane_seeds=None) -> None:
         seq = self.seqs[seq_id]
+        seq.lane_seeds = lane_seeds
         assert seq.status == SequenceStatus.PAUSED, "extend needs a paused sequence"
         seq.tokens += list(token_ids)
         seq.params = params or seq.params
@@ -109,7 +112,8 @@ class ScriptedEngine:
         children = []
         for _ in range(n):
             child = FakeSeq(next(self._ids), list(parent.tokens), parent.params, parent.priority, multiplicity,
-                            parent.abort_on_preempt, parent.status, [list(p) for p in parent.plans], parent.position)
+                            parent.abort_on_preempt, parent.status, [list(p) for p in parent.plans], parent.position,
+                            lane_ids=list(parent.lane_ids))
             self.seqs[child.seq_id] = child
             children.append(child.seq_id)
         return children
@@ -157,26 +161,30 @@ class ScriptedEngine:
 
     # ---- scripting ----
     def _plan(self, seq: FakeSeq) -> None:
-        seed = seq.params.seed or 0
+        seeds = seq.lane_seeds or [(seq.params.seed or 0) + j for j in range(seq.multiplicity)]
         final = not seq.params.stop
-        seq.plans = [self.step_fn(tuple(seq.tokens), seed + j, final) for j in range(seq.multiplicity)]
+        seq.plans = [self.step_fn(tuple(seq.tokens), seed, final) for seed in seeds]
+        seq.lane_ids = list(range(seq.multiplicity))
         seq.position = 0
 
     def _advance(self, seq: FakeSeq) -> list[SequenceOutput]:
         if seq.readout:
             seq.status = SequenceStatus.PAUSED
-            return [SequenceOutput(seq.seq_id, [], seq.status, FinishReason.READOUT, seq.multiplicity)]
-        groups: dict[int, list[list[int]]] = {}
-        for plan in seq.plans:  # copies whose next scripted token agrees stay one row
-            groups.setdefault(plan[seq.position], []).append(plan)
-        (token, plans), *others = groups.items()
-        targets = [(seq, token, plans, None)]
-        for other_token, other_plans in others:
+            return [SequenceOutput(seq.seq_id, [], seq.status, FinishReason.READOUT, seq.multiplicity,
+                                   lane_ids=tuple(seq.lane_ids))]
+        groups: dict[int, list[int]] = {}
+        for j, plan in enumerate(seq.plans):  # copies whose next scripted token agrees stay one row
+            groups.setdefault(plan[seq.position], []).append(j)
+        (token, copies), *others = groups.items()
+        targets = [(seq, token, copies, None)]
+        for other_token, other_copies in others:
             child = self.seqs[self.fork(seq.seq_id, 1)[0]]
-            targets.append((child, other_token, other_plans, seq.seq_id))
+            targets.append((child, other_token, other_copies, seq.seq_id))
+        plans, lane_ids = seq.plans, seq.lane_ids
         outputs = []
-        for target, tok, plans, parent_id in targets:
-            target.plans, target.multiplicity, target.status = plans, len(plans), SequenceStatus.RUNNING
+        for target, tok, copies, parent_id in targets:
+            target.plans, target.lane_ids = [plans[j] for j in copies], [lane_ids[j] for j in copies]
+            target.multiplicity, target.status = len(copies), SequenceStatus.RUNNING
             outputs.append(self._emit(target, tok, parent_id))
         return outputs
 
@@ -189,21 +197,27 @@ class ScriptedEngine:
             self.seqs.pop(seq.seq_id)
         elif seq.position == len(seq.plans[0]):
             reason, seq.status = FinishReason.STOP, SequenceStatus.PAUSED
-        return SequenceOutput(seq.seq_id, [token], seq.status, reason, seq.multiplicity, parent_id)
+        return SequenceOutput(seq.seq_id, [token], seq.status, reason, seq.multiplicity, parent_id,
+                              lane_ids=tuple(seq.lane_ids))
 
 
-def hashed_scores(question: str, steps: tuple[str, ...], perfect_rate: float = 0.0) -> float:
+def hashed_scores(question: str, steps: tuple[str, ...], perfect_rate: float = 0.0,
+                  score_levels: int = 10_000) -> float:
+    """A fixed score in [0, 1): one of `score_levels` values (few levels: many ties), or exactly 1.0 at
+    `perfect_rate`."""
     h = stable_hash(question, steps)
     if (h % 1000) / 1000 < perfect_rate:
         return 1.0
-    return ((h >> 10) % 10_000) / 10_000
+    return ((h >> 10) % score_levels) / score_levels
 
 
 class ScriptedVerifier:
     """Step j's score is a fixed function of (question, steps 1..j)."""
 
-    def __init__(self, clock: VirtualClock, prm_cost: float = 0.5, perfect_rate: float = 0.0):
+    def __init__(self, clock: VirtualClock, prm_cost: float = 0.5, perfect_rate: float = 0.0,
+                 score_levels: int = 10_000):
         self.clock, self.prm_cost, self.perfect_rate = clock, prm_cost, perfect_rate
+        self.score_levels = score_levels
         self.batches: list[int] = []
 
     def score(self, requests) -> list[ScoreResult]:
@@ -212,7 +226,8 @@ class ScriptedVerifier:
         results = []
         for r in requests:
             steps = tuple(s for s in r.steps if s.strip())
-            scores = tuple(hashed_scores(r.question, steps[: j + 1], self.perfect_rate) for j in range(len(steps)))
+            scores = tuple(hashed_scores(r.question, steps[: j + 1], self.perfect_rate, self.score_levels)
+                           for j in range(len(steps)))
             results.append(ScoreResult(scores, len(steps)))
         return results
 

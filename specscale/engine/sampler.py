@@ -14,6 +14,11 @@ softmax and no fp32 copy of bf16 logits, which at a 151,936-token vocabulary too
 a 0.5B model at batch 32 (model/csrc/cpu_kernels.cpp: race_sample_logits; docs/BENCHMARKS.md, "Real-size
 models"). U comes from a counter-based generator keyed once per row and call from the row's torch
 generator, so seeded rows still reproduce whatever batch they are in.
+
+Lanes (docs/design.md, "Seeds"): a seeded row of multiplicity m carries m generators, one per logical
+copy; draw j comes from lane j alone, exactly as it would if that copy were its own row of multiplicity 1
+(one key per lane on the kernel path, one U row per lane otherwise). Given equal logits, a deduplicated
+row therefore draws the very tokens its copies would draw as separate rows.
 """
 
 from __future__ import annotations
@@ -31,7 +36,20 @@ class SampleRow:
     top_p: float
     top_k: int | None
     num_draws: int
-    generator: torch.Generator | None  # a seeded sequence's own generator; None -> the engine's
+    lanes: tuple[torch.Generator, ...] = ()  # one generator per draw (a seeded sequence); () -> the engine's
+
+    def __post_init__(self) -> None:
+        if self.lanes and len(self.lanes) != self.num_draws:
+            raise ValueError(f"a row of {self.num_draws} draws needs {self.num_draws} lanes, got {len(self.lanes)}")
+
+
+@dataclass(frozen=True)
+class DrawUnit:
+    """What one race call draws for: `draws` tokens of one row, from one generator (None: the engine's)."""
+
+    row: int  # index into the sampled rows' probabilities
+    draws: int
+    generator: torch.Generator | None
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -105,47 +123,57 @@ class Sampler:
 
     def _draw(self, weights: torch.Tensor, inverse_t: torch.Tensor | None, indices: list[int], rows: list[SampleRow],
               out) -> None:
-        """weights: probabilities [S, V] (torch race), or logits with 1 / T per row [S] (C++ race)."""
-        by_draws: dict[int, list[int]] = {}  # rows grouped by their number of draws n
+        """weights: probabilities [S, V] (torch race) or logits with 1 / T per row [S] (C++ race); row
+        indices[k]'s at k. A laned row is one unit per lane (one draw each); any other row is one unit of all
+        its draws. Units are raced in groups of equal draws."""
+        units: list[tuple[int, DrawUnit]] = []  # (the row in `rows`, its unit)
         for k, i in enumerate(indices):
-            by_draws.setdefault(rows[i].num_draws, []).append(k)
-        for n, group in by_draws.items():
-            whole = len(group) == len(weights)
-            group_weights = weights if whole else weights[group]  # [G, V]
-            group_rows = [rows[indices[k]] for k in group]
-            if inverse_t is None:
-                drawn = self._race(group_weights, group_rows, n)
+            row = rows[i]
+            if row.lanes:
+                units += [(i, DrawUnit(k, 1, lane)) for lane in row.lanes]
             else:
-                group_inverse_t = inverse_t if whole else inverse_t[group]  # [G]
+                units.append((i, DrawUnit(k, row.num_draws, None)))
+        by_draws: dict[int, list[tuple[int, DrawUnit]]] = {}
+        for item in units:
+            by_draws.setdefault(item[1].draws, []).append(item)
+        for n, group in by_draws.items():
+            rows_of_group = [unit.row for _, unit in group]
+            whole = rows_of_group == list(range(len(weights)))
+            group_weights = weights if whole else weights[rows_of_group]  # [G, V]
+            group_units = [unit for _, unit in group]
+            if inverse_t is None:
+                drawn = self._race(group_weights, group_units, n)
+            else:
+                group_inverse_t = inverse_t if whole else inverse_t[rows_of_group]  # [G]
                 drawn = cpu_kernels.race_sample_logits(group_weights.contiguous(), group_inverse_t,
-                                                       self._keys(group_rows), n).tolist()
-            for k, tokens in zip(group, drawn):
-                out[indices[k]] = tokens
+                                                       self._keys(group_units), n).tolist()
+            for (i, _), tokens in zip(group, drawn):
+                out[i] += tokens  # lanes in order: draw j of a laned row is lane j's
 
-    def _race(self, probs: torch.Tensor, rows: list[SampleRow], n: int) -> list[list[int]]:
-        """probs [G, V] -> n draws per row, [G][n] token ids (plain torch)."""
-        uniform = self._uniforms(rows, n, probs.shape[-1], probs.device)  # [G, n, V]
+    def _race(self, probs: torch.Tensor, units: list[DrawUnit], n: int) -> list[list[int]]:
+        """probs [G, V] -> n draws per unit, [G][n] token ids (plain torch)."""
+        uniform = self._uniforms(units, n, probs.shape[-1], probs.device)  # [G, n, V]
         noise = uniform.log_().neg_()  # E = -log(U) ~ Exp(1); U = 0 gives inf: that draw ignores the token
         return (probs[:, None, :] / noise).argmax(dim=-1).tolist()  # [G, n]
 
-    def _keys(self, rows: list[SampleRow]) -> torch.Tensor:
-        """One key per row for the C++ race: a seeded row's from its own generator, the others' from the
+    def _keys(self, units: list[DrawUnit]) -> torch.Tensor:
+        """One key per unit for the C++ race: a seeded unit's from its own generator, the others' from the
         engine's generator in one call."""
-        shared = iter(torch.randint(KEY_RANGE, (len(rows),), generator=self.generator).tolist())
-        keys = [next(shared) if row.generator is None else int(torch.randint(KEY_RANGE, (1,), generator=row.generator))
-                for row in rows]
+        shared = iter(torch.randint(KEY_RANGE, (len(units),), generator=self.generator).tolist())
+        keys = [next(shared) if u.generator is None else int(torch.randint(KEY_RANGE, (1,), generator=u.generator))
+                for u in units]
         return torch.tensor(keys)
 
-    def _uniforms(self, rows: list[SampleRow], n: int, vocab: int, device) -> torch.Tensor:
-        """U ~ Uniform[0, 1) of shape [G, n, V]: a seeded row's from its own generator (so its draws do not
-        depend on the batch it is in), the other rows' from the engine's generator in one call."""
-        uniform = torch.empty((len(rows), n, vocab), device=device)
-        shared = [j for j, row in enumerate(rows) if row.generator is None]
-        for j, row in enumerate(rows):
-            if row.generator is not None:
-                torch.rand((n, vocab), generator=row.generator, device=device, out=uniform[j])
-        if len(shared) == len(rows):
-            return torch.rand((len(rows), n, vocab), generator=self.generator, device=device, out=uniform)
+    def _uniforms(self, units: list[DrawUnit], n: int, vocab: int, device) -> torch.Tensor:
+        """U ~ Uniform[0, 1) of shape [G, n, V]: a seeded unit's from its own generator (so its draws do not
+        depend on the batch it is in), the other units' from the engine's generator in one call."""
+        uniform = torch.empty((len(units), n, vocab), device=device)  # [G, n, V]
+        shared = [j for j, u in enumerate(units) if u.generator is None]
+        for j, u in enumerate(units):
+            if u.generator is not None:
+                torch.rand((n, vocab), generator=u.generator, device=device, out=uniform[j])
+        if len(shared) == len(units):
+            return torch.rand((len(units), n, vocab), generator=self.generator, device=device, out=uniform)
         if shared:
             uniform[shared] = torch.rand((len(shared), n, vocab), generator=self.generator, device=device)
         return uniform

@@ -13,6 +13,7 @@ in production, scripted fakes in tests.
 from __future__ import annotations
 
 import itertools
+import random
 import time as _time
 from collections import deque
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class Physical:
     speculative: bool
     created_at: float
     tokens: list[int] = field(default_factory=list)
+    origin: int | None = None  # the expansion it was started for (kept once it holds a candidate)
 
 
 @dataclass(eq=False)
@@ -85,7 +87,8 @@ class SearchRuntime:
         self.verifier = verifier
         self.clock = clock
         self.max_concurrency = max_concurrency
-        self.queue = VerifyQueue(lv_threshold_tokens)
+        self.lv_threshold_tokens = lv_threshold_tokens
+        self.queue = VerifyQueue()
         self.metrics = RunMetrics()
         self.waiting: deque[RequestState] = deque()
         self.active: dict[str, RequestState] = {}
@@ -189,7 +192,8 @@ class SearchRuntime:
             parent = self.physical.get(out.parent_id) if out.parent_id is not None else None
             if parent is None:
                 continue
-            child = Physical(parent.request, parent.expansion_id, parent.speculative, self.clock(), list(parent.tokens))
+            child = Physical(parent.request, parent.expansion_id, parent.speculative, self.clock(), list(parent.tokens),
+                             parent.origin)
             self.physical[out.seq_id] = child
             parent.request.expansion_seqs.setdefault(parent.expansion_id, set()).add(out.seq_id)
 
@@ -207,7 +211,7 @@ class SearchRuntime:
         state.expansion_seqs.get(expansion, set()).discard(out.seq_id)
         if out.finish_reason == FinishReason.PREEMPTED:
             self._forget(out.seq_id, cancelled=True)
-            self._apply(state, state.search.on(GenerationLost(expansion, out.multiplicity, now)))
+            self._apply(state, state.search.on(GenerationLost(expansion, out.lane_ids, now)))
             return
         completed = out.status == SequenceStatus.FINISHED
         if completed:
@@ -216,8 +220,9 @@ class SearchRuntime:
             phys.expansion_id = None
             state.held.add(out.seq_id)
         text = self.engine.tokenizer.decode(phys.tokens)
+        truncated = out.finish_reason in (FinishReason.LENGTH, FinishReason.CONTEXT)
         event = StepFinished(expansion, None if completed else out.seq_id, text, len(phys.tokens),
-                             out.multiplicity, completed, now)
+                             out.lane_ids, completed, now, "length" if truncated else "stop")
         self._apply(state, state.search.on(event))
 
     def _on_prefix_ready(self, state: RequestState) -> None:
@@ -256,9 +261,14 @@ class SearchRuntime:
         config = state.config
         self.queue.push(QueuedStep(
             state, action.candidate, request, action.completes_group, config.verification,
-            self.verifier.tokens_to_compute(request), self.clock(), config.lv_threshold_tokens,
+            self.verifier.tokens_to_compute(request), self.clock(), self._lv_threshold(config),
             config.lv_max_deferrals, config.lv_max_age_s,
         ))
+
+    def _lv_threshold(self, config: SearchConfig) -> int:
+        """The one place a request's lazy-verification threshold is resolved: its own override, else the
+        runtime's (the profiled knee of this PRM and device, or the pipeline's default)."""
+        return config.lv_threshold_tokens if config.lv_threshold_tokens is not None else self.lv_threshold_tokens
 
     # ---- actions --------------------------------------------------------------------------------------
     def _apply(self, state: RequestState, actions: list) -> None:
@@ -309,29 +319,43 @@ class SearchRuntime:
         if action.parent_handle is None and state.prefix_seq is not None:
             state.deferred.append(action)  # round 0 waits until the prompt is prefilled
             return
-        if action.lookahead and self.engine.num_live_sequences >= state.config.max_live_sequences:
-            lost = GenerationLost(action.expansion_id, action.multiplicity, self.clock())
-            self._apply(state, state.search.on(lost))
-            return
         self._start_expansion(state, action)
 
     def _start_expansion(self, state: RequestState, action: Expand) -> None:
         config = state.config
         params = SamplingParams(
-            temperature=config.temperature, top_p=config.top_p, seed=action.seed,
+            temperature=config.temperature, top_p=config.top_p, seed=action.seeds[0] if action.seeds else None,
             max_new_tokens=config.max_step_tokens, stop=() if action.final_round else (STEP_DELIMITER,),
         )
         source = action.parent_handle if action.parent_handle is not None else state.prefix_seq
+        head = self._head_start(state, action)
         if source is None:  # a one-token prompt: nothing to share
             seq = self.engine.add(state.request.prompt_ids, params, priority=action.priority,
-                                  multiplicity=action.multiplicity, abort_on_preempt=action.lookahead)
+                                  multiplicity=action.multiplicity, abort_on_preempt=action.lookahead,
+                                  lane_seeds=action.seeds)
         else:
             seq = self.engine.fork(source, 1)[0]
             extra = [state.request.prompt_ids[-1]] if action.parent_handle is None else []
-            self.engine.extend(seq, params, token_ids=extra, priority=action.priority,
-                               multiplicity=action.multiplicity, abort_on_preempt=action.lookahead)
-        self.physical[seq] = Physical(state, action.expansion_id, action.priority < 0, self.clock())
+            self.engine.extend(seq, params, token_ids=extra + head, priority=action.priority,
+                               multiplicity=action.multiplicity, abort_on_preempt=action.lookahead,
+                               lane_seeds=action.seeds)
+        self.physical[seq] = Physical(state, action.expansion_id, action.priority < 0, self.clock(), list(head),
+                                      action.expansion_id)
         state.expansion_seqs.setdefault(action.expansion_id, set()).add(seq)
+
+    def _head_start(self, state: RequestState, action: Expand) -> list[int]:
+        """FastTTS's truncation of a duplicate's head start: of the tokens the continuation
+        `action.head_start_of` has written so far, keep a share r ~ Normal(lookahead_head_start,
+        lookahead_head_start_std) clipped to [0, 1] -- at least one token, and at least one token fewer
+        than written (docs/design.md, "Speculation"). r is drawn from the child's own seed."""
+        if action.head_start_of is None:
+            return []
+        written = max((p.tokens for p in self.physical.values()
+                       if p.request is state and p.origin == action.head_start_of), key=len, default=[])
+        config = state.config
+        draw = random.Random(action.seeds[0] if action.seeds else action.expansion_id)
+        share = min(max(draw.gauss(config.lookahead_head_start, config.lookahead_head_start_std), 0.0), 1.0)
+        return written[: min(max(int(share * len(written)), 1), len(written) - 1)]
 
     def _cancel(self, state: RequestState, action: Cancel) -> None:
         for expansion in action.expansions:
