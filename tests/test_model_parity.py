@@ -102,20 +102,80 @@ def test_bfloat16_matches_transformers_bfloat16(family, request, test_device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_linears_are_prepacked_and_exact(qwen2_dir, dtype):
-    """On CPU every fp32 / bf16 linear carries a oneDNN-prepacked weight, used from PACKED_MIN_ROWS rows on,
-    and it computes what F.linear computes (the parity tests above cover whole models)."""
+def test_cpu_linears_are_prepacked(qwen2_dir, dtype):
+    """On CPU every fp32 / bf16 linear holds only its oneDNN-prepacked weight (exactness: test_model_memory.py;
+    the parity tests above cover whole models)."""
     from specscale.model.loader import load_model
-    from specscale.model.transformer import PACKED_MIN_ROWS, Linear, can_prepack
+    from specscale.model.transformer import Linear, can_prepack
 
     model = load_model(qwen2_dir, dtype=str(dtype).removeprefix("torch."))
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     packs = can_prepack(torch.device("cpu"), dtype)  # False without oneDNN, or bf16 on a CPU without AVX-512
     assert linears and all((m.packed is not None) == packs for m in linears)
     assert any(m.bias is not None for m in linears)  # qkv carries Qwen2's bias through the packed call
-    tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
-    for rows in sorted({1, PACKED_MIN_ROWS[dtype], 40}):
-        for m in linears[:3]:
-            x = torch.randn(rows, m.in_features, dtype=dtype)
-            expected = torch.nn.functional.linear(x, m.weight, m.bias)
-            torch.testing.assert_close(m(x), expected, rtol=tolerance, atol=tolerance)
+    assert all((m.weight is None) == packs for m in linears)
+    assert model.model.embed_tokens.weight is not None  # the tied head's table stays for the lookups
+
+
+YARN = {"factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.fixture(scope="module", params=["rope_parameters", "model_card_rope_scaling"])
+def yarn_dir(request, tmp_path_factory):
+    """A Qwen2 checkpoint with YaRN x4 over a 64-token original context, in transformers 5's dialect
+    (rope_parameters, max_position_embeddings 256) or the Qwen2.5 model cards' (rope_scaling with "type",
+    max_position_embeddings left at the original 64)."""
+    import json
+
+    from checkpoints import build_checkpoint
+
+    path = build_checkpoint(tmp_path_factory.mktemp("yarn"), "qwen2", max_position_embeddings=256,
+                            rope_scaling={"rope_type": "yarn", **YARN})
+    if request.param == "model_card_rope_scaling":
+        config = json.loads((path / "config.json").read_text())
+        config.pop("rope_parameters", None)
+        config.update(max_position_embeddings=64, rope_theta=10000.0, rope_scaling={"type": "yarn", **YARN})
+        (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_yarn_logits_match_transformers_past_the_original_context(yarn_dir):
+    from specscale.model.loader import load_model
+
+    assert load_model(yarn_dir, dtype="float32").args.max_position_embeddings == 256  # 64 x 4
+    torch.manual_seed(2)
+    prompts = [torch.randint(3, 300, (n,)).tolist() for n in (200, 90, 5)]  # 200 + 20 decoded: well past 64
+    results = run_engine(yarn_dir, prompts, 512, "auto")
+    reference = AutoModelForCausalLM.from_pretrained(yarn_dir, dtype=torch.float32).eval()
+    assert reference.model.rotary_emb.attention_scaling > 1.0  # transformers applies YaRN too
+    for prompt, generated, ours in results:
+        full = torch.tensor([prompt + generated[:-1]])
+        with torch.no_grad():
+            theirs = reference(full).logits[0, len(prompt) - 1 :]  # [steps, vocab]
+        assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_yarn_changes_the_logits_past_the_original_context(yarn_dir, qwen2_dir):
+    """Without the scaling the same weights give other logits there (the parity test is not vacuous)."""
+    import json
+    import shutil
+
+    plain = yarn_dir.parent / f"{yarn_dir.name}-plain"
+    shutil.copytree(yarn_dir, plain, dirs_exist_ok=True)
+    config = json.loads((plain / "config.json").read_text())
+    config.pop("rope_scaling", None)
+    config.update(max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    (plain / "config.json").write_text(json.dumps(config))
+    tokens = list(range(3, 110))  # 107 tokens: past the original 64, within prefill_logits' 128-token pool
+    difference = (prefill_logits(plain, tokens, "float32") - prefill_logits(yarn_dir, tokens, "float32")).abs().max()
+    assert difference > 10 * 1e-4  # ten times the parity tolerance above
+
+
+def test_unknown_rope_scaling_is_refused(tmp_path):
+    from specscale.model.transformer import ModelArgs, rope_inverse_frequencies
+
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 10, "hidden_size": 8,
+              "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "rope_scaling": {"rope_type": "longrope", "factor": 2.0}}
+    with pytest.raises(ValueError, match="unsupported rope_scaling type 'longrope'"):
+        rope_inverse_frequencies(ModelArgs.from_hf_config(config))

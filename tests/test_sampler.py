@@ -128,3 +128,18 @@ def test_wide_rows_fit_the_distribution(use_kernel):
     assert counts[~support].sum() == 0, "a filtered-out token was drawn"
     result = chisquare(counts[support].numpy(), (probs[support] * counts.sum()).numpy())
     assert result.pvalue > 1e-3, f"chi-square p={result.pvalue}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unfiltered_wide_rows_fit_the_tempered_distribution(use_kernel, dtype):
+    """The C++ race reads unfiltered logits as they come (bf16 too) and divides by T itself (log space)."""
+    logits = (torch.randn(40, generator=torch.Generator().manual_seed(5)) * 1.5).to(dtype)
+    row = SampleRow(0.7, 1.0, None, 8, None)
+    sampler = Sampler(torch.Generator().manual_seed(6), use_kernel)
+    counts = torch.zeros(40)
+    for _ in range(25):
+        for tokens in sampler(logits.repeat(40, 1), [row] * 40):
+            counts += torch.bincount(torch.tensor(tokens), minlength=40)
+    probs = (logits.float() / 0.7).softmax(-1)
+    result = chisquare(counts.numpy(), (probs * counts.sum()).numpy())
+    assert result.pvalue > 1e-3, f"chi-square p={result.pvalue}"

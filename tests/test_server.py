@@ -295,6 +295,17 @@ def test_bad_input_gets_its_4xx_and_the_server_keeps_serving(server, case, path,
     assert server.health()["status"] == "ok"
 
 
+def test_health_and_the_start_up_log_report_resident_memory(server):
+    memory = server.health()["memory"]
+    assert memory["process_rss_mib"] > memory["generator"]["total_mib"] + memory["prm"]["total_mib"]
+    for model in ("generator", "prm"):
+        assert memory[model]["device"] == "cpu" and memory[model]["weights_mib"] > 0
+        assert memory[model]["kv_cache_mib"] == pytest.approx(0.1 * 1024, rel=0.05)  # --generator-kv-gb 0.1
+    log = server.log.read_text()
+    assert "SpecScale generator memory: " in log and "SpecScale PRM memory: " in log
+    assert re.search(r"SpecScale process resident memory: [\d,]+ MiB", log)
+
+
 def test_the_server_still_answers_after_the_bad_inputs(client, server):
     completion = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
                                                 max_tokens=16, extra_body={"search": FAST})

@@ -52,6 +52,7 @@ def add_common_arguments(parser, variants: bool = True, problems: bool = True) -
     parser.add_argument("--out", required=True, help="folder for raw.json, summary.json, <name>.md, <name>.png")
     parser.add_argument("--quick", action="store_true", help="a small workload that finishes in under 2 minutes")
     add_model_arguments(parser)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (docs/gpu.md)")
     parser.add_argument("--repeats", type=int, default=None, help="repeats; the median is reported")
     parser.add_argument("--beam-sizes", type=int_list, default=None, help="comma-separated beam sizes N")
     parser.add_argument("--beam-width", type=int, default=4, help="children per retained path M")
@@ -109,6 +110,7 @@ def open_pipeline(args, **config) -> Pipeline:
                              "(python -m specscale.train toy) or pass --generator/--prm")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    config.setdefault("device", getattr(args, "device", "cpu"))
     return Pipeline(PipelineConfig(
         generator=args.generator, prm=args.prm, generator_dtype=args.dtype, prm_dtype=args.dtype,
         generator_kv_gb=args.kv_gb, prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency,

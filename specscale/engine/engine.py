@@ -29,6 +29,7 @@ from specscale.engine.sampler import Sampler, SampleRow
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
 from specscale.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 from specscale.engine.model_runner import ModelRunner, RunnerOutput
+from specscale.model.memory import ModelMemory
 from specscale.model.runner import TorchModelRunner
 from specscale.tokenizer import Tokenizer
 
@@ -84,6 +85,10 @@ class Engine:
     @property
     def runner_dtype(self) -> torch.dtype:
         return self.runner.dtype
+
+    def model_memory(self) -> ModelMemory:
+        """Bytes the model holds: weights (one copy each), KV pool, RoPE tables (model/memory.py)."""
+        return self.runner.memory()
 
     # ---- requests --------------------------------------------------------------------------
     def add(

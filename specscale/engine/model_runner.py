@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
+from specscale.model.memory import ModelMemory
 
 
 @dataclass
@@ -54,6 +55,11 @@ class ModelRunner(ABC):
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         """Compute the batch's new tokens (writing their KV) and return the head outputs at every
         row's `head_positions`, rows in `batch.rows` order."""
+
+    def memory(self) -> ModelMemory:
+        """The bytes this runner holds on its device. A runner without real tensors (the simulator's
+        virtual model and KV pool) holds none."""
+        return ModelMemory(weight_bytes=0, kv_cache_bytes=0, rope_table_bytes=0, device=str(self.device))
 
 
 def head_positions(row: ScheduledRow) -> list[int]:

@@ -9,8 +9,11 @@ index i with probability p_i / sum_j p_j. Filtered-out tokens have p_i = 0 and n
 -log(U), U ~ Uniform[0, 1): the same law as Tensor.exponential_, several times faster on CPU.
 
 On CPU with the C++ kernels (`use_cpu_kernel`) the race runs in one pass per draw without materialising
-U (model/csrc/cpu_kernels.cpp: race_sample): U comes from a counter-based generator keyed once per row
-and call from the row's torch generator, so seeded rows still reproduce whatever batch they are in.
+U, in log space on the logits themselves: argmax_i p_i / E_i = argmax_i (l_i / T - log E_i), so there is no
+softmax and no fp32 copy of bf16 logits, which at a 151,936-token vocabulary took ~15% of a decode step of
+a 0.5B model at batch 32 (model/csrc/cpu_kernels.cpp: race_sample_logits; docs/BENCHMARKS.md, "Real-size
+models"). U comes from a counter-based generator keyed once per row and call from the row's torch
+generator, so seeded rows still reproduce whatever batch they are in.
 
 Lanes (docs/design.md, "Seeds"): a seeded row of multiplicity m carries m generators, one per logical
 copy; draw j comes from lane j alone, exactly as it would if that copy were its own row of multiplicity 1
@@ -75,7 +78,6 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[list[int]]:
         """logits [R, V] -> for each row its num_draws token ids."""
-        logits = logits.float()
         out: list[list[int]] = [[] for _ in rows]
         greedy = [i for i, r in enumerate(rows) if r.temperature == 0]
         if greedy:
@@ -85,23 +87,45 @@ class Sampler:
         sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
         if sampled:
             sampled_logits = logits if len(sampled) == len(rows) else logits[sampled]  # [S, V]
-            probs = self._probabilities(sampled_logits, [rows[i] for i in sampled])  # [S, V]
-            self._draw(probs, sampled, rows, out)
+            sampled_rows = [rows[i] for i in sampled]
+            if self.use_cpu_kernel:
+                weights, inverse_t = self._race_logits(sampled_logits, sampled_rows)
+            else:
+                weights, inverse_t = self._probabilities(sampled_logits.float(), sampled_rows), None  # [S, V]
+            self._draw(weights, inverse_t, sampled, rows, out)
         return out
 
+    def _race_logits(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the C++ race takes: the logits as they are with 1 / T per row ([S, V], [S]), or, when a row
+        filters (top-k / top-p), the filtered logits / T in fp32 with 1 / T = 1."""
+        if not self._filters(rows):
+            inverse_t = torch.tensor([1.0 / r.temperature for r in rows], dtype=torch.float32)
+            return logits.contiguous(), inverse_t
+        return self._scaled_logits(logits.float(), rows), torch.ones(len(rows), dtype=torch.float32)
+
     def _probabilities(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        return self._scaled_logits(logits, rows).softmax(dim=-1)
+
+    @staticmethod
+    def _filters(rows: list[SampleRow]) -> bool:
+        return any(r.top_k is not None or r.top_p < 1.0 for r in rows)
+
+    def _scaled_logits(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """logits [S, V] fp32 -> logits / T with the tokens top-k / top-p drop at -inf."""
         temperature = torch.tensor([r.temperature for r in rows], dtype=logits.dtype, device=logits.device)
         logits = logits / temperature[:, None]
-        if any(r.top_k is not None or r.top_p < 1.0 for r in rows):
+        if self._filters(rows):
             v = logits.shape[-1]
             top_k = torch.tensor([min(r.top_k or v, v) for r in rows], device=logits.device)
             top_p = torch.tensor([r.top_p for r in rows], dtype=logits.dtype, device=logits.device)
             logits = filter_top_k_top_p(logits, top_k, top_p)
-        return logits.softmax(dim=-1)
+        return logits
 
-    def _draw(self, probs: torch.Tensor, indices: list[int], rows: list[SampleRow], out) -> None:
-        """probs [S, V]: row indices[k]'s distribution at k. A laned row is one unit per lane (one draw
-        each); any other row is one unit of all its draws. Units are raced in groups of equal draws."""
+    def _draw(self, weights: torch.Tensor, inverse_t: torch.Tensor | None, indices: list[int], rows: list[SampleRow],
+              out) -> None:
+        """weights: probabilities [S, V] (torch race) or logits with 1 / T per row [S] (C++ race); row
+        indices[k]'s at k. A laned row is one unit per lane (one draw each); any other row is one unit of all
+        its draws. Units are raced in groups of equal draws."""
         units: list[tuple[int, DrawUnit]] = []  # (the row in `rows`, its unit)
         for k, i in enumerate(indices):
             row = rows[i]
@@ -114,14 +138,20 @@ class Sampler:
             by_draws.setdefault(item[1].draws, []).append(item)
         for n, group in by_draws.items():
             rows_of_group = [unit.row for _, unit in group]
-            group_probs = probs if rows_of_group == list(range(len(probs))) else probs[rows_of_group]  # [G, V]
-            for (i, _), drawn in zip(group, self._race(group_probs, [unit for _, unit in group], n)):
-                out[i] += drawn  # lanes in order: draw j of a laned row is lane j's
+            whole = rows_of_group == list(range(len(weights)))
+            group_weights = weights if whole else weights[rows_of_group]  # [G, V]
+            group_units = [unit for _, unit in group]
+            if inverse_t is None:
+                drawn = self._race(group_weights, group_units, n)
+            else:
+                group_inverse_t = inverse_t if whole else inverse_t[rows_of_group]  # [G]
+                drawn = cpu_kernels.race_sample_logits(group_weights.contiguous(), group_inverse_t,
+                                                       self._keys(group_units), n).tolist()
+            for (i, _), tokens in zip(group, drawn):
+                out[i] += tokens  # lanes in order: draw j of a laned row is lane j's
 
     def _race(self, probs: torch.Tensor, units: list[DrawUnit], n: int) -> list[list[int]]:
-        """probs [G, V] -> n draws per unit, [G][n] token ids."""
-        if self.use_cpu_kernel:
-            return cpu_kernels.race_sample(probs.contiguous(), self._keys(units), n).tolist()
+        """probs [G, V] -> n draws per unit, [G][n] token ids (plain torch)."""
         uniform = self._uniforms(units, n, probs.shape[-1], probs.device)  # [G, n, V]
         noise = uniform.log_().neg_()  # E = -log(U) ~ Exp(1); U = 0 gives inf: that draw ignores the token
         return (probs[:, None, :] / noise).argmax(dim=-1).tolist()  # [G, n]

@@ -91,7 +91,8 @@ def silu_mul(gate_up):
     return _module.silu_mul(gate_up)
 
 
-def race_sample(probs, keys, num_draws: int):
-    """probs [S, V] float32, keys [S] int64 (one per row) -> [S, num_draws] token ids, each draw
-    argmax_i probs_i / E_i with E_i ~ Exp(1) from a counter-based generator keyed by the row's key."""
-    return _module.race_sample(probs, keys, num_draws)
+def race_sample_logits(logits, inv_temperatures, keys, num_draws: int):
+    """logits [S, V] fp32 / bf16 (filtered tokens -inf), inv_temperatures [S] fp32, keys [S] int64 (one per
+    row) -> [S, num_draws] token ids drawn from softmax(logits / T): each draw argmax_i logits_i / T - log E_i
+    with E_i ~ Exp(1) from a counter-based generator keyed by the row's key, in one pass (no softmax)."""
+    return _module.race_sample_logits(logits, inv_temperatures, keys, num_draws)

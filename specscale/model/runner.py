@@ -15,6 +15,8 @@ from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.model import cpu_kernels
 from specscale.model.attention import AttentionMetadata
 from specscale.model.loader import load_model, read_hf_config
+from specscale.model.transformer import ModelArgs
+from specscale.model.memory import ModelMemory, tensors_bytes, weight_bytes
 
 
 def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
@@ -49,7 +51,7 @@ class TorchModelRunner(ModelRunner):
     def from_checkpoint(cls, config: EngineConfig) -> "TorchModelRunner":
         """Load config.model (a local Hugging Face folder); the KV pool is config.num_kv_blocks blocks,
         or as many as config.kv_cache_memory_gb holds."""
-        model_max = read_hf_config(config.model).get("max_position_embeddings", 4096)
+        model_max = ModelArgs.from_hf_config(read_hf_config(config.model)).max_position_embeddings
         max_model_len = min(config.max_model_len or model_max, model_max)
         model = load_model(config.model, config.dtype, config.device, max_model_len)
         num_blocks = config.num_kv_blocks
@@ -68,6 +70,15 @@ class TorchModelRunner(ModelRunner):
                 raise RuntimeError("the C++ CPU kernels could not be built on this machine")
             return False
         return True
+
+    def memory(self) -> ModelMemory:
+        rotary = self.model.rotary
+        return ModelMemory(
+            weight_bytes=weight_bytes(self.model),
+            kv_cache_bytes=tensors_bytes(cache for layer in self.kv_caches for cache in layer),
+            rope_table_bytes=tensors_bytes([rotary.cos, rotary.sin]),
+            device=str(self.device),
+        )
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:

@@ -45,6 +45,8 @@ class ModelArgs:
         rope = config.get("rope_parameters") or {}  # transformers >= 5 keeps rope settings here
         rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
         scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        if rope_kind(scaling) == "yarn":  # transformers' default for a YaRN config without it
+            scaling = {"original_max_position_embeddings": config.get("max_position_embeddings", 4096), **scaling}
         is_qwen2 = config.get("model_type") == "qwen2"
         return cls(
             architecture=architecture,
@@ -58,24 +60,86 @@ class ModelArgs:
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
             rope_scaling=scaling,
-            max_position_embeddings=config.get("max_position_embeddings", 4096),
+            max_position_embeddings=context_length(config, scaling),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=is_qwen2 or bool(config.get("attention_bias", False)),
             num_labels=2,
         )
 
 
+def rope_kind(scaling: dict | None) -> str:
+    scaling = scaling or {}
+    return scaling.get("rope_type") or scaling.get("type") or "default"
+
+
+def context_length(config: dict, scaling: dict | None) -> int:
+    """Positions the model serves: max_position_embeddings, or with YaRN original x factor when that is
+    longer (the Qwen2.5 model cards keep max_position_embeddings at the pretraining 32,768 and add
+    {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768} for 131,072)."""
+    declared = config.get("max_position_embeddings", 4096)
+    if rope_kind(scaling) != "yarn":
+        return declared
+    return max(declared, int(scaling["original_max_position_embeddings"] * (scaling.get("factor") or 1.0)))
+
+
 def rope_inverse_frequencies(args: ModelArgs) -> torch.Tensor:
-    """inv_freq[i] = theta^(-2i/D), rescaled per Llama 3's piecewise rule when rope_scaling says llama3."""
+    """inv_freq[i] = theta^(-2i/D), rescaled per Llama 3's or YaRN's rule when rope_scaling names one."""
     d = args.head_dim
     inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))  # [D/2]
-    scaling = args.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    kind = rope_kind(args.rope_scaling)
     if kind == "llama3":
-        return _llama3_scaled(inv_freq, scaling)
-    if kind not in ("default", None):
-        raise ValueError(f"unsupported rope_scaling type {kind!r}")
+        return _llama3_scaled(inv_freq, args.rope_scaling)
+    if kind == "yarn":
+        return _yarn_scaled(inv_freq, args.rope_scaling, args.rope_theta, args.max_position_embeddings)
+    if kind != "default":
+        raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, llama3, yarn)")
     return inv_freq
+
+
+def rope_attention_factor(args: ModelArgs) -> float:
+    """The factor cos and sin are multiplied by: 1, or YaRN's attention temperature 0.1 ln(s) + 1 (its
+    `attention_factor` when given; the mscale / mscale_all_dim ratio when both are given)."""
+    scaling = args.rope_scaling or {}
+    if rope_kind(scaling) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = _yarn_factor(scaling, args.max_position_embeddings)
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    return _yarn_mscale(factor, 1.0)
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_factor(scaling: dict, context: int) -> float:
+    factor = scaling.get("factor")
+    return factor if factor is not None else context / scaling["original_max_position_embeddings"]
+
+
+def _yarn_scaled(inv_freq: torch.Tensor, scaling: dict, theta: float, context: int) -> torch.Tensor:
+    # YaRN ("NTK-by-parts"): frequencies that turn more than beta_fast times over the original context
+    # are kept, those that turn fewer than beta_slow times are divided by `factor`, and a linear ramp
+    # over the dimension index blends the band between (docs/BENCHMARKS.md, "Real-size models").
+    factor = _yarn_factor(scaling, context)
+    original = scaling["original_max_position_embeddings"]
+    d = 2 * inv_freq.shape[0]
+    low = _yarn_dimension(scaling.get("beta_fast") or 32, d, theta, original)
+    high = _yarn_dimension(scaling.get("beta_slow") or 1, d, theta, original)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    span = high - low if high != low else 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / span).clamp(0, 1)  # [D/2] 0: keep, 1: divide
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def _yarn_dimension(rotations: float, d: int, theta: float, original: int) -> float:
+    """The (fractional) dimension index whose frequency turns `rotations` times over `original` positions."""
+    return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -111,8 +175,9 @@ class RotaryTable:
         positions = torch.arange(max_positions, device=device, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
         angles = torch.cat([freqs, freqs], dim=-1)  # [P, D]
-        self.cos = angles.cos().to(dtype)
-        self.sin = angles.sin().to(dtype)
+        attention_factor = rope_attention_factor(args)
+        self.cos = (angles.cos() * attention_factor).to(dtype)
+        self.sin = (angles.sin() * attention_factor).to(dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions], self.sin[positions]  # [T, D] each
@@ -125,35 +190,34 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-# Below this many rows torch's fp32 F.linear beats the prepacked oneDNN call (whose fixed cost is ~14 us);
-# in bf16 the prepacked path wins from one row on (docs/BENCHMARKS.md, engine section).
-PACKED_MIN_ROWS = {torch.float32: 8, torch.bfloat16: 1}
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class Linear(nn.Linear):
-    """nn.Linear with an optional oneDNN-prepacked copy of its weight for CPU fp32 / bf16 (`prepack()`).
+    """nn.Linear whose weight can be handed over to oneDNN once at load time (`prepack()`, CPU fp32 / bf16).
 
     For the 1-128-row batches of a small model, torch's F.linear runs at a third (fp32: an sgemm on the
     plain weight) to a half (bf16: one thread) of the speed of a oneDNN matmul on a weight laid out for it
-    once at load time; the results are the same.
+    once; the results are the same. A prepacked Linear keeps only the packed weight (one copy of every
+    weight on CPU; docs/BENCHMARKS.md, "Real-size models"): `weight` becomes None unless another module
+    shares it (a tied LM head's embedding table), and every call takes the oneDNN path.
     """
 
     packed: torch.Tensor | None = None
-    packed_min_rows: int = 1
 
     def prepack(self, batch_size_hint: int = 64) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_size=batch_size_hint)
-        self.packed_min_rows = PACKED_MIN_ROWS[self.weight.dtype]
+        self.weight = None  # frees the plain copy unless a tied module still holds it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] -> [T, out]
-        if self.packed is not None and x.shape[0] >= self.packed_min_rows:
+        if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether Linear.prepack applies: fp32 or bf16 on a CPU whose torch build has oneDNN."""
-    if not (device.type == "cpu" and dtype in PACKED_MIN_ROWS and torch.backends.mkldnn.is_available()
+    if not (device.type == "cpu" and dtype in PACKABLE_DTYPES and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return False
     # oneDNN's bf16 reorder needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; an AVX2-only CPU keeps F.linear
@@ -278,7 +342,7 @@ class TransformerForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def prepack_linears(self) -> None:
-        """Lay every linear weight out for oneDNN once (CPU fp32 only; see Linear)."""
+        """Lay every linear weight out for oneDNN once, dropping the plain copy (CPU fp32 / bf16; see Linear)."""
         weight = self.model.embed_tokens.weight
         if can_prepack(weight.device, weight.dtype):
             for module in self.modules():

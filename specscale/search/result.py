@@ -22,6 +22,7 @@ class CompletedPath:
     num_tokens: int
     copies: int  # identical logical paths this entry stands for (CD)
     finish_reason: str = "stop"  # OpenAI's: "length" when the last step was cut by max_tokens or the context
+    score_error: str | None = None  # why the PRM did not score every step (its input exceeded the PRM's context)
 
 
 @dataclass
@@ -83,7 +84,7 @@ def build_result(finished_pool: list, beam_size: int, rounds: int, error: str | 
         steps = tuple(c.steps())
         text = "".join(steps)
         paths.append(CompletedPath(text, steps, c.step_scores, c.score, extract_answer(text), c.path_tokens(), copies,
-                                   c.finish_reason))
+                                   c.finish_reason, c.score_error))
     weighted, majority = votes(paths)
     best = paths[0] if paths else None
     return SearchResult(best.answer if best else None, best, paths, weighted, majority, rounds=rounds, error=error)

@@ -126,7 +126,7 @@ class Search:
         c.state, c.verified_order = SCORED, next(self._verify_order)
         actions = []
         if ev.error is not None:  # e.g. the path no longer fits the PRM: finished with what it has
-            c.completed = True
+            c.completed, c.score_error = True, ev.error
             actions += self._release([c])
         if self.pruning.strict and c.round == self.last_decided + 1:
             actions += self._prune_below_threshold(self.rounds[c.round])

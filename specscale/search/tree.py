@@ -99,6 +99,7 @@ class Candidate:
     children: list[Expansion] = field(default_factory=list)
     retained_copies: int = 0
     finish_reason: str = "stop"  # "length": its step was cut by the step token cap or the context limit
+    score_error: str | None = None  # why the PRM did not score every step (e.g. past its context)
 
     @property
     def lane_keys(self) -> tuple[Key, ...]:

@@ -3,7 +3,8 @@
 `POST /v1/chat/completions` and `POST /v1/completions` read the body (413 over the size limit, 400 on
 malformed JSON), validate it (400 naming the field), prepare the search (tokenization off the event
 loop), submit it (429 + Retry-After when the waiting queue is full) and then either await its outcome
-or stream its events as Server-Sent Events. `GET /v1/models`, `/health` (also HEAD) and `/metrics` report.
+or stream its events as Server-Sent Events. `GET /v1/models`, `/health` (also HEAD; with resident memory) and `/metrics`
+report.
 With an API key, every path under /v1 needs `Authorization: Bearer <key>` (401 before routing; /health
 and /metrics too with `protect_metrics`). No redirects: a path with a trailing slash is 404.
 `build_app` is the one way to make the app (`specscale serve` runs it under uvicorn).
@@ -98,7 +99,7 @@ def health_report(engine_loop: EngineLoop) -> dict:
             "requests_running": snapshot.running, "requests_waiting": engine_loop.waiting(),
             "kv_blocks_used": snapshot.kv_blocks_used, "kv_blocks_total": snapshot.kv_blocks_total,
             "prm_kv_blocks_used": snapshot.prm_kv_blocks_used, "live_sequences": snapshot.live_sequences,
-            "ticks": snapshot.ticks}
+            "ticks": snapshot.ticks, "memory": engine_loop.memory()}
 
 
 def metrics_text(engine_loop: EngineLoop, metrics: ServerMetrics) -> str:

@@ -1,7 +1,8 @@
 """`specscale serve`: build the pipeline, the engine loop and the app, bind the socket, run uvicorn.
 
 The socket is bound before uvicorn starts, so `--port 0` serves on a free port; the line
-`SpecScale serving <model> at http://HOST:PORT` on stdout says where (tests and scripts read it).
+`SpecScale serving <model> at http://HOST:PORT` on stdout says where (tests and scripts read it); the
+lines before it say what memory each model holds (weights, KV pool) and the process's resident memory.
 Checkpoints are read as safetensors, tokenizer.json and a sandboxed chat template: no code from a
 checkpoint folder is ever imported or executed.
 """
@@ -108,6 +109,7 @@ def build_server(args):
     from specscale.server.search_stack import SearchStack
 
     stack = SearchStack.build(pipeline_config(args), server_settings(args))
+    log_memory(stack.pipeline)
     return build_app(stack.engine_loop, stack.builder, stack.metrics, stack.settings, on_shutdown=stack.pipeline.close)
 
 
@@ -136,6 +138,15 @@ def _argument_problem(args) -> str | None:
     if args.protect_metrics and args.api_key is None:
         return "--protect-metrics needs --api-key"
     return None
+
+
+def log_memory(pipeline) -> None:
+    """Start-up lines on stdout (whatever the log level): what each model holds, the process's resident memory."""
+    from specscale.model.memory import MIB, process_resident_bytes
+
+    print(f"SpecScale generator memory: {pipeline.engine.model_memory().describe()}", flush=True)
+    print(f"SpecScale PRM memory: {pipeline.verifier.engine.model_memory().describe()}", flush=True)
+    print(f"SpecScale process resident memory: {process_resident_bytes() / MIB:,.0f} MiB", flush=True)
 
 
 def bind(host: str, port: int) -> socket.socket:

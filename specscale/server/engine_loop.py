@@ -21,6 +21,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from specscale.model.memory import MIB, process_resident_bytes
 from specscale.search.metrics import RunMetrics
 from specscale.search.result import SearchResult
 from specscale.search.runtime import SearchRequest, SearchRuntime
@@ -262,6 +263,12 @@ class EngineLoop:
                 prm_kv_blocks_total=self._prm_blocks().num_blocks,
                 live_sequences=runtime.engine.num_live_sequences,
             )
+
+    def memory(self) -> dict:
+        """Resident memory: the process's RSS and what each model holds (model/memory.py); any thread."""
+        return {"process_rss_mib": round(process_resident_bytes() / MIB, 1),
+                "generator": self.runtime.engine.model_memory().as_dict(),
+                "prm": self.runtime.verifier.engine.model_memory().as_dict()}
 
     def _generator_blocks(self):
         return self.runtime.engine.block_manager

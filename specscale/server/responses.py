@@ -4,7 +4,8 @@ from a SearchResult, with SpecScale's extension fields.
 Choices are the top-n completed paths, best first (or, for `answer_selection` weighted_vote /
 majority_vote, the paths agreeing with the voted answer first). Each choice carries its extension
 fields `score`, `step_scores`, `answer` (its \\boxed{} content) and `copies` (identical logical paths
-it stands for). `usage` is honest: completion_tokens counts the tokens of the returned paths only;
+it stands for), and `score_error`: null, or why the PRM did not score every step (the path's PRM input
+exceeded the PRM's context; its score then covers the steps that fit). `usage` is honest: completion_tokens counts the tokens of the returned paths only;
 `generated_tokens` (everything sampled), `wasted_tokens` (cancelled speculation) and
 `search_output_tokens` (all completed paths) are extensions. The `search` object holds the selected
 answer, both votes, the rounds and the timings. A stream sends a `search_progress` extension per
@@ -64,7 +65,7 @@ def search_summary(prepared: PreparedSearch, result: SearchResult) -> dict:
 
 def path_fields(path: CompletedPath) -> dict:
     return {"score": path.score, "step_scores": list(path.step_scores), "answer": path.answer,
-            "copies": path.copies}
+            "copies": path.copies, "score_error": path.score_error}
 
 
 class CompletionFormat:

@@ -19,8 +19,12 @@ entries first; if the pool is still short it runs the paths started so far (a *w
 so a batch larger than the pool is scored in several waves instead of stalling the engine.
 `clear()` / `close()` release everything the cache holds.
 
-Context. A path whose PRM input exceeds the PRM's context gets an error result carrying the scores of
-the steps that fit (possibly none); the rest of the batch is scored as usual.
+Context. A PRM input is never truncated. A path whose input exceeds the PRM's context (its
+max_position_embeddings, or EngineConfig.max_model_len when smaller) gets an error result with
+`exceeds_context` set, carrying the scores of the steps that fit (possibly none); the rest of the batch is
+scored as usual. The search finishes such a path at its last step and its completed path carries the
+error (`CompletedPath.score_error`, the server's `score_error`): its score covers only the steps the PRM
+read (docs/architecture.md, step 8).
 """
 
 from __future__ import annotations
@@ -52,14 +56,16 @@ class ScoreResult:
     """Scores of one path: step_scores[j] for the j-th non-empty step, in order.
 
     num_steps: the path's non-empty steps. error: why not every step was scored (step_scores then holds
-    the steps that were). computed_tokens: PRM tokens run for this path in this call (0 when its
-    scores came from the cache or from an identical path of the same batch).
+    the steps that were). exceeds_context: that reason is the PRM's context (see the module docstring).
+    computed_tokens: PRM tokens run for this path in this call (0 when its scores came from the cache or
+    from an identical path of the same batch).
     """
 
     step_scores: tuple[float, ...]
     num_steps: int
     error: str | None = None
     computed_tokens: int = 0
+    exceeds_context: bool = False
 
     @property
     def ok(self) -> bool:
@@ -199,6 +205,7 @@ class _Path:
     target: PRMInput | None = None  # the input for the steps that fit in the context
     keys: list[int] = field(default_factory=list)
     error: str | None = None  # context limit, empty path, KV pool too small
+    exceeds_context: bool = False  # the error is the context limit
     fault: str | None = None  # the engine's readouts did not match the request: no scores are trusted
     seq_id: int | None = None  # the engine sequence computing it
     segment: _Segment | None = None  # what the engine is computing for it
@@ -212,10 +219,12 @@ class _Path:
         if source is None:
             if self.fault is not None:
                 return ScoreResult((), self.num_steps, self.fault, self.computed_tokens)
-            return ScoreResult(self.base_scores + self.new_scores, self.num_steps, self.error, self.computed_tokens)
+            return ScoreResult(self.base_scores + self.new_scores, self.num_steps, self.error, self.computed_tokens,
+                               self.exceeds_context)
         if source.target is None or source.fault is not None:  # the shared computation failed
             return ScoreResult((), self.num_steps, source.fault or source.error)
-        return ScoreResult(source.base_scores + source.new_scores, self.num_steps, self.error)
+        return ScoreResult(source.base_scores + source.new_scores, self.num_steps, self.error,
+                           exceeds_context=self.exceeds_context)
 
 
 class Verifier:
@@ -297,6 +306,7 @@ class Verifier:
         full = self.format.encode(request.question, steps)
         fitting = sum(end <= self.max_input_tokens for end in full.step_ends)
         if fitting < len(steps):
+            path.exceeds_context = True
             path.error = (f"PRM input of {len(full.token_ids)} tokens exceeds the PRM context of "
                           f"{self.max_input_tokens}: {fitting} of {len(steps)} steps fit")
         if fitting:

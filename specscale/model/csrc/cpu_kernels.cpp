@@ -708,18 +708,21 @@ static inline __m512 log16(__m512 x) {
 }
 #endif
 
-// One draw from probs[0..V): the index of the largest p_i / E_i.
-static int64_t race_one(const float* probs, int64_t V, uint64_t key, uint64_t c0) {
-  float best = -1.f;
+// The race on logits, in log space: argmax_i p_i / E_i = argmax_i (l_i / T - log E_i) when p = softmax(l / T),
+// so no softmax, no normalisation and no fp32 copy of bf16 logits is needed; -inf logits (filtered) never win.
+template <typename T>
+static int64_t race_one_logits(const T* logits, int64_t V, float inv_temperature, uint64_t key, uint64_t c0) {
+  float best = -INFINITY;
   int64_t best_index = 0, i = 0;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-  __m512 best16 = _mm512_set1_ps(-1.f);
+  const __m512 scale = _mm512_set1_ps(inv_temperature);
+  __m512 best16 = _mm512_set1_ps(-INFINITY);
   __m512i index16 = _mm512_setzero_si512(), at = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   for (; i + 16 <= V; i += 16) {
     const __m512 exponential = _mm512_sub_ps(_mm512_setzero_ps(), log16(uniform16(key, c0 + i)));
-    const __m512 ratio = _mm512_div_ps(_mm512_loadu_ps(probs + i), exponential);
-    const __mmask16 better = _mm512_cmp_ps_mask(ratio, best16, _CMP_GT_OQ);
-    best16 = _mm512_mask_mov_ps(best16, better, ratio);
+    const __m512 score = _mm512_sub_ps(_mm512_mul_ps(load16(logits + i), scale), log16(exponential));
+    const __mmask16 better = _mm512_cmp_ps_mask(score, best16, _CMP_GT_OQ);
+    best16 = _mm512_mask_mov_ps(best16, better, score);
     index16 = _mm512_mask_mov_epi32(index16, better, at);
     at = _mm512_add_epi32(at, _mm512_set1_epi32(16));
   }
@@ -731,26 +734,34 @@ static int64_t race_one(const float* probs, int64_t V, uint64_t key, uint64_t c0
     if (lanes[l] > best || (lanes[l] == best && indices[l] < best_index)) best = lanes[l], best_index = indices[l];
 #endif
   for (; i < V; ++i) {
-    const float ratio = probs[i] / -std::log(uniform_of(splitmix64(key + (c0 + i) * kGolden)));
-    if (ratio > best) best = ratio, best_index = i;
+    const float exponential = -std::log(uniform_of(splitmix64(key + (c0 + i) * kGolden)));
+    const float score = static_cast<float>(logits[i]) * inv_temperature - std::log(exponential);
+    if (score > best) best = score, best_index = i;
   }
   return best_index;
 }
 
-torch::Tensor race_sample(torch::Tensor probs, torch::Tensor keys, int64_t num_draws) {
-  // probs [S, V] float32 (rows sum to 1, filtered tokens 0); keys [S] int64 -> tokens [S, num_draws] int64
-  TORCH_CHECK(probs.scalar_type() == at::kFloat && probs.is_contiguous(), "race_sample: contiguous float32 probs");
+torch::Tensor race_sample_logits(torch::Tensor logits, torch::Tensor inv_temperatures, torch::Tensor keys,
+                                 int64_t num_draws) {
+  // logits [S, V] fp32 / bf16 (filtered tokens -inf); inv_temperatures [S] fp32; keys [S] int64
+  // -> tokens [S, num_draws] int64: draw d of row r is the race over counters d * V + i with key keys[r]
+  TORCH_CHECK(logits.is_contiguous() && inv_temperatures.scalar_type() == at::kFloat, "race_sample_logits: inputs");
   keys = keys.contiguous();
-  const int64_t rows = probs.size(0), V = probs.size(1);
+  inv_temperatures = inv_temperatures.contiguous();
+  const int64_t rows = logits.size(0), V = logits.size(1);
   auto tokens = torch::empty({rows, num_draws}, keys.options());
-  const float* pp = probs.data_ptr<float>();
   const int64_t* kp = keys.data_ptr<int64_t>();
+  const float* tp_inv = inv_temperatures.data_ptr<float>();
   int64_t* tp = tokens.data_ptr<int64_t>();
-  at::parallel_for(0, rows * num_draws, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t r = task / num_draws, draw = task % num_draws;
-      tp[task] = race_one(pp + r * V, V, static_cast<uint64_t>(kp[r]), static_cast<uint64_t>(draw * V));
-    }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "race_sample_logits", [&] {
+    const scalar_t* lp = logits.data_ptr<scalar_t>();
+    at::parallel_for(0, rows * num_draws, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t r = task / num_draws, draw = task % num_draws;
+        tp[task] = race_one_logits(lp + r * V, V, tp_inv[r], static_cast<uint64_t>(kp[r]),
+                                   static_cast<uint64_t>(draw * V));
+      }
+    });
   });
   return tokens;
 }
@@ -762,5 +773,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (CPU)");
   m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k + KV cache write (CPU)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (CPU)");
-  m.def("race_sample", &race_sample, "exponential-race sampling with a counter-based generator (CPU)");
+  m.def("race_sample_logits", &race_sample_logits, "the same race on logits / T in log space (CPU)");
 }
