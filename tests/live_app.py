@@ -74,7 +74,7 @@ def serve(builder: SearchBuilder, settings: ServerSettings) -> Iterator[LiveApp]
     engine_loop = EngineLoop(scripted_runtime(), metrics, settings.max_waiting, settings.retry_after_s)
     app = build_app(engine_loop, builder, metrics, settings)
     sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn_config(app, settings, log_level="warning", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn_config(app, settings, metrics, log_level="warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

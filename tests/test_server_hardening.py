@@ -151,6 +151,7 @@ def test_slow_loris_clients_get_408_and_are_disconnected(live):
     assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers), answers
     assert all(b'"type": "timeout_error"' in answer for answer in answers)
     assert elapsed < 3.0, f"slow clients were held {elapsed:.1f} s"
+    assert live.metrics.responses.get(("connection", 408), 0) >= len(slow)  # counted like the app's answers
 
 
 def test_a_slow_body_drip_is_cut_at_the_body_timeout(live):
@@ -211,6 +212,7 @@ def test_connections_beyond_the_cap_get_503_and_are_closed(live):
     for sock in [*idle, extra]:
         sock.close()
     assert answer.startswith(b"HTTP/1.1 503 ") and b"open connections" in answer
+    assert live.metrics.responses.get(("connection", 503), 0) >= 1
     time.sleep(SETTINGS.header_timeout_s + 0.3)  # the idle ones timed out: room again
     connection = live.connect()
     assert connection.request("GET", "/health").status == 200

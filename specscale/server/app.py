@@ -52,6 +52,7 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
     install_error_handlers(app)
     install_middleware(app, metrics, settings)
     app.state.settings = settings  # what `specscale serve` configures uvicorn's connection limits from
+    app.state.metrics = metrics  # where the connection layer counts the responses it answers itself
     started = int(time.time())
 
     api = APIRouter(prefix="/v1")

@@ -95,7 +95,8 @@ def run_serve(args) -> int:
 
     from specscale.server.connection import uvicorn_config
 
-    config = uvicorn_config(app, app.state.settings, log_level=args.log_level, access_log=args.access_log,
+    config = uvicorn_config(app, app.state.settings, app.state.metrics, log_level=args.log_level,
+                            access_log=args.access_log,
                             timeout_graceful_shutdown=5)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
         uvicorn.Server(config).run(sockets=[sock])

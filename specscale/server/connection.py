@@ -27,15 +27,17 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from specscale.server.errors import error_body
+from specscale.server.metrics import ServerMetrics
 from specscale.server.settings import ServerSettings
 
 log = logging.getLogger("specscale.server")
 
 
 class GuardedH11Protocol(H11Protocol):
-    def __init__(self, *args, settings: ServerSettings, **kwargs):
+    def __init__(self, *args, settings: ServerSettings, metrics: ServerMetrics, **kwargs):
         super().__init__(*args, **kwargs)
         self.settings = settings
+        self.metrics = metrics  # counts the 408s and 503s answered here, under route "connection"
         self._header_deadline: asyncio.TimerHandle | None = None
         self._body_deadline: asyncio.TimerHandle | None = None
 
@@ -102,6 +104,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _answer_and_close(self, status: int, message: str) -> None:
         """Write a complete response outside h11's bookkeeping (the connection ends with it)."""
+        self.metrics.response("connection", status)
         payload = json.dumps(error_body(status, message)).encode()
         reason = {408: b"Request Timeout", 503: b"Service Unavailable"}[status]
         head = (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
@@ -110,7 +113,8 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def uvicorn_config(app, settings: ServerSettings, **options) -> uvicorn.Config:
-    """A uvicorn config serving `app` over GuardedH11Protocol with these settings' limits."""
-    protocol = functools.partial(GuardedH11Protocol, settings=settings)
+def uvicorn_config(app, settings: ServerSettings, metrics: ServerMetrics, **options) -> uvicorn.Config:
+    """A uvicorn config serving `app` over GuardedH11Protocol with these settings' limits; the responses
+    the protocol answers itself are counted in `metrics` like the app's."""
+    protocol = functools.partial(GuardedH11Protocol, settings=settings, metrics=metrics)
     return uvicorn.Config(app, http=protocol, **options)
