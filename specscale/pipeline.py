@@ -1,18 +1,23 @@
-"""Pipeline: the generator engine, the PRM verifier and the search runtime built from one config.
+"""Pipeline: the generator engine and the PRM verifier built from one config, and search runtimes over them.
 
-The CLI (`specscale solve`, `specscale bench`) and the server build their serving stack here, so the
-three agree on defaults: the bundled toy models, served in their checkpoint dtype (bf16), on CPU.
+The CLI (`specscale solve`, `specscale bench`, `specscale eval`) and the server build their serving stack
+here, so they agree on defaults: the bundled toy models, served in their checkpoint dtype (bf16), on CPU.
+`sim/simulation.py` `Simulation` builds the same two backends on simulated models; both hand out
+runtimes through `runtime(...)`, so whatever drives a runtime runs on either.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from specscale.config import EngineConfig, SearchConfig
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.engine.engine import Engine
+from specscale.search.backend import GeneratorBackend, VerifierBackend
+from specscale.search.engine_backend import EngineBackend
 from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.tasks.prompts import TOY_GENERATOR_SYSTEM_PROMPT
+from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
 from specscale.verify.prm import Verifier, VerifierConfig
 from specscale.verify.profile import load_lv_threshold
 
@@ -56,9 +61,20 @@ class Pipeline:
             max_num_batched_tokens=8192, max_num_seqs=1024, seed=config.seed,
         )))
         self.lv_threshold_tokens = self._lv_threshold()
-        extra = {} if clock is None else {"clock": clock}
-        self.runtime = SearchRuntime(self.engine, self.verifier, max_concurrency=config.max_concurrency,
-                                     lv_threshold_tokens=self.lv_threshold_tokens, **extra)
+        self.clock = clock or time.perf_counter
+
+    def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
+        """The generator engine and the verifier as the runtime sees them (a fresh id mapping each time)."""
+        return EngineBackend(self.engine), self.verifier
+
+    def runtime(self, max_concurrency: int | None = None, generator: GeneratorBackend | None = None,
+                verifier: VerifierBackend | None = None, **options) -> SearchRuntime:
+        """A runtime with fresh metrics over this pipeline's backends (or instrumented stand-ins for them);
+        options: `SearchRuntime`'s callbacks and keep_finished."""
+        own_generator, own_verifier = self.backends()
+        return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
+                             max_concurrency=max_concurrency or self.config.max_concurrency,
+                             lv_threshold_tokens=self.lv_threshold_tokens, **options)
 
     def _spare_rows(self) -> int | None:
         if self.config.spare_rows is not None:
@@ -71,9 +87,9 @@ class Pipeline:
         return load_lv_threshold(self.config.prm, self.config.device) or DEFAULT_LV_THRESHOLD
 
     def prompt_ids(self, question: str) -> list[int]:
-        messages = [{"role": "system", "content": self.config.system_prompt}, {"role": "user", "content": question}]
         tok = self.engine.tokenizer
-        return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+        return tok.encode(tok.apply_chat_template(chat_messages(question, self.config.system_prompt),
+                                                  add_generation_prompt=True))
 
     def request(self, question: str, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
         return SearchRequest(question, self.prompt_ids(question), config, request_id)

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, LlamaForCausalLM, Qwen2Config, Qwen2Model
 
 from specscale.config import EngineConfig
-from specscale.tasks.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
+from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
 from specscale.verify import (
     QwenMathPRMFormat,
     RLHFlowFormat,

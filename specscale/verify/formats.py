@@ -32,7 +32,7 @@ from typing import ClassVar
 
 import torch
 
-from specscale.tasks.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
+from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
 from specscale.tokenizer import Tokenizer
 
 # Stands in for text while a template is rendered, to find where that text lands (Unicode private use).

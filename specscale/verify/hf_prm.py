@@ -20,8 +20,8 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2Model, Qwen2PreTrainedModel
 from transformers.modeling_outputs import TokenClassifierOutput
 
-from specscale.tasks.prompts import PRM_STEP_TAG as STEP_TAG
-from specscale.tasks.prompts import PRM_SYSTEM_PROMPT
+from specscale.prompts import PRM_STEP_TAG as STEP_TAG
+from specscale.prompts import PRM_SYSTEM_PROMPT
 
 
 class Qwen2ForProcessRewardModel(Qwen2PreTrainedModel):
