@@ -26,7 +26,7 @@ from specscale.engine.sampler import Sampler, SampleRow
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
 from specscale.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 from specscale.engine.model_runner import ModelRunner, RunnerOutput
-from specscale.model.runner import TorchModelRunner
+from specscale.engine.torch_runner import TorchModelRunner
 from specscale.tokenizer import Tokenizer
 
 
