@@ -21,7 +21,9 @@ from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
 from specscale.verify.prm import Verifier, VerifierConfig
 from specscale.verify.profile import load_lv_threshold
 
-DEFAULT_LV_THRESHOLD = 2048  # SPEC 3.3's default when this PRM and device were never profiled
+# When this PRM and device were never profiled: a 7-8B PRM's prefill on an A100 saturates near
+# 2,048 batch tokens (docs/BENCHMARKS.md, the PRM profile).
+DEFAULT_LV_THRESHOLD = 2048
 # On a CPU a decode iteration costs about fixed + 0.055 ms per row past a few dozen rows (docs/BENCHMARKS.md,
 # characterize): speculative rows pay only while they ride in that near-fixed-cost room. On an accelerator
 # decode is memory-bound far beyond that, so speculation may fill the batch (no cap).

@@ -43,7 +43,7 @@ from specscale.tasks.toy import ToyProblem, is_correct, toy_problems
 LADDER = ("beam", "beam+cd", "naive-spec", "fasttts", "ep-strict", "ep", "ep+cd", "specscale")
 PROBLEM_SET_SEED = 0  # every sub-command draws its problems from the same held-out set
 SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE + i
-DEFAULT_CONCURRENCY = 32  # SPEC 5: at most 32 requests in flight
+DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight
 QUIET_CPU = 0.15  # share of all CPUs busy with other processes above which timings are flagged untrustworthy
 
 
@@ -57,7 +57,7 @@ def add_common_arguments(parser, variants: bool = True, problems: bool = True) -
     parser.add_argument("--repeats", type=int, default=None, help="repeats; the median is reported")
     parser.add_argument("--beam-sizes", type=int_list, default=None, help="comma-separated beam sizes N")
     parser.add_argument("--beam-width", type=int, default=4, help="children per retained path M")
-    parser.add_argument("--max-rounds", type=int, default=None, help="rounds per search (SPEC: 40)")
+    parser.add_argument("--max-rounds", type=int, default=None, help="rounds per search (SearchConfig's default: 40)")
     parser.add_argument("--max-concurrency", type=int, default=None,
                         help=f"requests in flight at most (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--seed", type=int, default=0, help="first sampling seed")
@@ -195,7 +195,7 @@ def vote_is_right(problem: ToyProblem, answer: str | None) -> bool:
 
 
 def serving_numbers(run: BatchRun, problems: list[ToyProblem]) -> dict[str, float]:
-    """Throughput numbers of one batch (SPEC 5): output tokens are the tokens of the returned paths."""
+    """Throughput numbers of one batch (docs/BENCHMARKS.md): output tokens are the tokens of the returned paths."""
     elapsed = run.elapsed_s
     metrics = run.runtime.metrics.summary()
     usage = [r.usage for r in run.results]

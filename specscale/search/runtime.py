@@ -417,7 +417,8 @@ class SearchRuntime:
             extra = (state.request.prompt_ids[-1],) if action.parent_handle is None else ()
             self._ops.append(BranchSequence(seq, source, params, extra, action.priority, action.multiplicity,
                                             action.lookahead, split_ids))
-        self.physical[seq] = Physical(state, action.expansion_id, action.priority < 0, self.clock(), action.multiplicity)
+        self.physical[seq] = Physical(state, action.expansion_id, action.priority < 0, self.clock(),
+                                      action.multiplicity)
         state.expansion_seqs.setdefault(action.expansion_id, set()).add(seq)
 
     def _cancel(self, state: RequestState, action: Cancel) -> None:
