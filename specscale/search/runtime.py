@@ -7,8 +7,11 @@ queued verifications. At most `max_concurrency` requests are in flight; the rest
 
 Time is read only through `clock`, so the same code runs on the real engine (wall clock) and with a
 simulated engine (virtual clock). The runtime touches its generator and verifier only through the
-protocols of `search/backend.py`: it names every sequence, queues the tick's operations and hands them
-to the generator as one batch (`_flush`) before anything reads the backend again.
+protocols of `search/backend.py`: it names every sequence and queues the operations the searches' actions
+become; at the start of each tick the previous tick's operations and this tick's admissions go to the
+generator as one batch (`_flush`), and so does whatever is pending before the runtime reads the generator
+between ticks (`stats`, `can_progress`) or returns from `cancel` (a cancelled search's KV is freed at once)
+or `run`. The generator sees the same calls in the same order as if each were made at once.
 
 Public surface: `submit`, `cancel`, `step`, `run` (submit and step until done, the one loop that
 `solve`, `bench` and `eval` share), `result` / `search` of finished requests, `stats()`, `metrics` /
@@ -163,6 +166,7 @@ class SearchRuntime:
 
     def can_progress(self) -> bool:
         """A tick would advance something: a request to admit, generator work or queued PRM scoring."""
+        self._flush()
         admittable = bool(self.waiting) and len(self.active) < self.max_concurrency
         return admittable or self.generator.has_work() or bool(self.queue)
 
@@ -170,7 +174,8 @@ class SearchRuntime:
         """One tick: admit, then one PRM batch or one generator iteration. Returns requests finished."""
         self._just_finished = []
         self._admit()
-        self._flush()
+        self._flush()  # the previous tick's operations and this tick's admissions: one batch
+        self.metrics.sample_blocks(self.generator.kv_usage.used_blocks)  # new sequences hold no blocks yet
         batch = self.queue.ready_batch(self.clock())
         if batch:
             self._run_verification(batch)
@@ -178,9 +183,7 @@ class SearchRuntime:
             self._run_generation()
         elif self.queue:
             self._run_verification(self.queue.any_batch())
-        self._flush()
         self.queue.count_deferral()
-        self.metrics.sample_blocks(self.generator.kv_usage.used_blocks)
         done, self._just_finished = self._just_finished, []
         return [(s.request_id, s.result) for s in done]
 
@@ -197,6 +200,7 @@ class SearchRuntime:
             results.update(finished)
             if progress is not None and finished:
                 progress(len(finished))
+        self._flush()
         return [results[i] for i in ids]
 
     def result(self, request_id: str) -> SearchResult:
@@ -211,6 +215,7 @@ class SearchRuntime:
         return list(self._finished)
 
     def stats(self) -> RuntimeStats:
+        self._flush()
         return RuntimeStats(
             running=len(self.active), waiting=len(self.waiting),
             free_slots=max(self.max_concurrency - len(self.active), 0),
