@@ -137,3 +137,14 @@ def test_cd_rows_that_split_take_the_ids_their_expansion_reserved():
     runtime, _ = run_preset("beam+cd", n_requests=2, max_rounds=3)
     assert max(runtime.generator.rows_per_step) > 2  # rows did split
     assert runtime.metrics.summary()["physical_to_logical"] < 1.0
+
+
+def test_a_runtime_driven_tick_by_tick_leaves_nothing_behind_once_idle(search_backend):
+    """Drivers that step the runtime themselves (the server, `bench latency`) stop when it has no work:
+    the operations of its last tick (the finished search's releases) must be handed over by then."""
+    runtime = search_backend.runtime(max_concurrency=2)
+    runtime.submit(search_backend.request(0, preset_config("beam", **SMALL, seed=5), "only"))
+    while runtime.has_work():
+        runtime.step()
+    generator = runtime.generator
+    assert generator.num_live_sequences == 0 and generator.kv_usage.used_blocks == 0

@@ -10,8 +10,9 @@ simulated engine (virtual clock). The runtime touches its generator and verifier
 protocols of `search/backend.py`: it names every sequence and queues the operations the searches' actions
 become; at the start of each tick the previous tick's operations and this tick's admissions go to the
 generator as one batch (`_flush`), and so does whatever is pending before the runtime reads the generator
-between ticks (`stats`, `can_progress`) or returns from `cancel` (a cancelled search's KV is freed at once)
-or `run`. The generator sees the same calls in the same order as if each were made at once.
+between ticks (`stats`, `can_progress`), returns from `cancel` (a cancelled search's KV is freed at once) or
+ends a tick with no request left. The generator sees the same calls in the same order as if each were made
+at once.
 
 Public surface: `submit`, `cancel`, `step`, `run` (submit and step until done, the one loop that
 `solve`, `bench` and `eval` share), `result` / `search` of finished requests, `stats()`, `metrics` /
@@ -184,6 +185,8 @@ class SearchRuntime:
         elif self.queue:
             self._run_verification(self.queue.any_batch())
         self.queue.count_deferral()
+        if not self.has_work():  # the last tick: nothing will come to batch its operations with
+            self._flush()
         done, self._just_finished = self._just_finished, []
         return [(s.request_id, s.result) for s in done]
 
@@ -200,7 +203,6 @@ class SearchRuntime:
             results.update(finished)
             if progress is not None and finished:
                 progress(len(finished))
-        self._flush()
         return [results[i] for i in ids]
 
     def result(self, request_id: str) -> SearchResult:
