@@ -143,8 +143,9 @@ def test_a_runtime_driven_tick_by_tick_leaves_nothing_behind_once_idle(search_ba
     """Drivers that step the runtime themselves (the server, `bench latency`) stop when it has no work:
     the operations of its last tick (the finished search's releases) must be handed over by then."""
     runtime = search_backend.runtime(max_concurrency=2)
-    runtime.submit(search_backend.request(0, preset_config("beam", **SMALL, seed=5), "only"))
-    while runtime.has_work():
-        runtime.step()
     generator = runtime.generator
-    assert generator.num_live_sequences == 0 and generator.kv_usage.used_blocks == 0
+    for i in range(4):  # on the simulator, request 1's last tick releases a sequence
+        runtime.submit(search_backend.request(i, preset_config("beam", **SMALL, seed=5), f"r{i}"))
+        while runtime.has_work():
+            runtime.step()
+        assert generator.num_live_sequences == 0 and generator.kv_usage.used_blocks == 0
