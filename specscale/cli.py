@@ -9,9 +9,9 @@ import time
 from specscale.bench import add_bench
 from specscale.defaults import TOY_GENERATOR
 from specscale.evaluation.command import add_eval
-from specscale.server.command import add_serve
-from specscale.solve import add_solve
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
+from specscale.serve import add_serve
+from specscale.solve import add_solve
 
 
 def add_generate(sub) -> None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from specscale.chat_text import render_chat_text
 from specscale.config import EngineConfig, SearchConfig
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.engine.engine import Engine
+from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
 from specscale.search.backend import GeneratorBackend, VerifierBackend
 from specscale.search.engine_backend import EngineBackend
 from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
 from specscale.verify.prm import Verifier, VerifierConfig
 from specscale.verify.profile import load_lv_threshold
 
@@ -33,7 +34,8 @@ CPU_SPARE_ROWS = 32
 @dataclass(frozen=True)
 class PipelineConfig:
     """generator / prm: local Hugging Face folders. lv_threshold_tokens None reads the profiler's file
-    (`specscale profile-prm`) for this PRM and device, else falls back to 2048."""
+    (`specscale profile-prm`) for this PRM and device, else falls back to 2048. trust_special_tokens:
+    special-token text in questions is read as control tokens (default: plain text; chat_text.py)."""
 
     generator: str = str(TOY_GENERATOR)
     prm: str = str(TOY_PRM)
@@ -48,6 +50,7 @@ class PipelineConfig:
     lv_threshold_tokens: int | None = None
     system_prompt: str = TOY_GENERATOR_SYSTEM_PROMPT
     seed: int = 0
+    trust_special_tokens: bool = False
 
 
 class Pipeline:
@@ -61,7 +64,7 @@ class Pipeline:
         self.verifier = Verifier(VerifierConfig(EngineConfig(
             model=config.prm, dtype=config.prm_dtype, device=config.device, kv_cache_memory_gb=config.prm_kv_gb,
             max_num_batched_tokens=8192, max_num_seqs=1024, seed=config.seed,
-        )))
+        ), trust_special_tokens=config.trust_special_tokens))
         self.lv_threshold_tokens = self._lv_threshold()
         self.clock = clock or time.perf_counter
 
@@ -89,9 +92,9 @@ class Pipeline:
         return load_lv_threshold(self.config.prm, self.config.device) or DEFAULT_LV_THRESHOLD
 
     def prompt_ids(self, question: str) -> list[int]:
-        tok = self.engine.tokenizer
-        return tok.encode(tok.apply_chat_template(chat_messages(question, self.config.system_prompt),
-                                                  add_generation_prompt=True))
+        chat = render_chat_text(self.engine.tokenizer, chat_messages(question, self.config.system_prompt),
+                                add_generation_prompt=True)
+        return chat.encode(self.engine.tokenizer, trusted=self.config.trust_special_tokens)
 
     def request(self, question: str, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
         return SearchRequest(question, self.prompt_ids(question), config, request_id)

@@ -1,10 +1,14 @@
 """Tokenizer of a local Hugging Face folder: `tokenizer.json` through the `tokenizers` library, the chat
 template of `tokenizer_config.json` rendered with a sandboxed jinja2 (as transformers does), and the
-bytes of every token for stop-string detection across token boundaries."""
+bytes of every token for stop-string detection across token boundaries.
+
+`encode` reads added tokens (`<|im_end|>`...) wherever their text appears; `encode_text` spells them out
+as ordinary text, for text nobody vouches for (message contents, generated steps: see chat_text.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -49,6 +53,8 @@ class Tokenizer:
         self.bos_token = _token_content(config.get("bos_token"))
         added = self._tok.get_added_tokens_decoder()  # id -> AddedToken
         self.special_ids = {token_id for token_id, token in added.items() if token.special}
+        self.added_token_pattern = added_token_pattern(token.content for token in added.values())
+        self._text_tok = _plain_text_tokenizer(self._tok)
         self.eos_token_ids = self._eos_ids(path)
         self.token_bytes = self._build_token_bytes()
 
@@ -58,6 +64,10 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of `text` with every added token's text tokenized as ordinary text."""
+        return self._text_tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -96,6 +106,23 @@ class Tokenizer:
             else:
                 out.append(self._tok.decode([token_id], skip_special_tokens=True).encode("utf-8"))
         return out
+
+
+def added_token_pattern(contents) -> re.Pattern:
+    """A regex whose one group matches any of these added tokens, the longest first where several start at
+    one place (as the tokenizers library matches them); it never matches when there are none."""
+    alternatives = [re.escape(text) for text in sorted(set(contents), key=len, reverse=True) if text]
+    return re.compile("(" + ("|".join(alternatives) or "(?!x)x") + ")")
+
+
+def _plain_text_tokenizer(tokenizer: HFTokenizer) -> HFTokenizer:
+    """A copy that reads no added token: all are marked special and special tokens are encoded as text."""
+    spec = json.loads(tokenizer.to_str())
+    for token in spec.get("added_tokens") or []:
+        token["special"] = True
+    plain = HFTokenizer.from_str(json.dumps(spec))
+    plain.encode_special_tokens = True
+    return plain
 
 
 def _read_json(path: Path) -> dict:

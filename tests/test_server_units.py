@@ -18,7 +18,7 @@ from search_backends import scripted_runtime
 from specscale.search.presets import preset_config
 from specscale.search.result import CompletedPath, SearchResult
 from specscale.search.runtime import SearchRequest
-from specscale.server.app import field_path
+from specscale.server.request_body import field_path
 from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RoundProgress
 from specscale.server.errors import APIError
 from specscale.server.metrics import Histogram, ServerMetrics, TokenRate
@@ -69,7 +69,8 @@ def test_engine_loop_refuses_once_the_waiting_bound_is_reached():
     async def main():
         loop = EngineLoop(partial(scripted_runtime, 2), ServerMetrics(), max_waiting=3)
         answers = [loop.submit(search_request(i), "beam", wants_progress=False) for i in range(7)]
-        assert loop.waiting() == 5  # 2 free slots + 3 waiting places
+        assert loop.waiting() == 3  # 2 searches take the free slots; 3 wait, as many as the bound allows
+        assert "3 searches waiting" in answers[-1].message
         loop.start()
         accepted = [a for a in answers if not isinstance(a, Refusal)]
         outcomes = [(await drain(h))[1] for h in accepted]

@@ -60,4 +60,13 @@ def test_the_bench_plumbing_runs_on_a_simulation_on_its_clock():
     assert all(r.error is None and r.paths for r in batch.results)
     assert sim.clock() > 0 and batch.elapsed_s == pytest.approx(sim.clock())  # simulated seconds, not wall
     assert batch.runtime.stats().live_sequences == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_barely_larger_than_the_shared_prefixes_does_not_livelock():
+    """150 blocks: every running sequence shares all its blocks with a paused parent, so only groups can
+    be preempted; the old scheduler preempted sequences that freed nothing and spun forever."""
+    results, _, sim = serve(SimulationConfig(seed=0, generator_kv_blocks=150), "naive-spec", problems=3, beam_size=8)
+    assert all(r.error is None and r.paths for r in results)
+    assert sim.engine.block_manager.num_free_blocks == 150
     sim.close()

@@ -3,8 +3,8 @@
 Sequences are served in priority order (higher first, then older first). Each gets as many of its
 uncomputed tokens as the budget leaves (1 for a decode row, a chunk for a prefill). Low-priority
 (speculative) rows only use spare room: they join while the iteration has fewer than `spare_rows` rows. When the KV pool
-runs out, the lowest-priority, newest sequence that ranks below the one being scheduled is preempted
-by recompute: its blocks are freed and its tokens recomputed later (or it is aborted if it asked to
+runs out, the lowest-priority, newest sequence that ranks below the one being scheduled (else a PAUSED
+sequence of any rank), among those holding a block no other sequence shares, is preempted by recompute: its blocks are freed and its tokens recomputed later (or it is aborted if it asked to
 be). Nothing is lost and nothing crashes: a sequence that cannot fit simply waits.
 """
 
@@ -101,21 +101,36 @@ class Scheduler:
             bm.allocate_cached_prefix(seq)
         num_tokens = min(seq.num_uncomputed_tokens, budget)
         while bm.blocks_needed(seq, num_tokens) > bm.num_free_blocks:
-            victim = self._pick_victim(seq, scheduled)
-            if victim is None:
+            victims = self._pick_victims(seq, scheduled, bm.blocks_needed(seq, num_tokens) - bm.num_free_blocks)
+            if not victims:
                 return None  # waits; it keeps the blocks it has
-            self._preempt(victim, batch)
+            for victim in victims:
+                self._preempt(victim, batch)
         batch.block_copies += bm.allocate_slots(seq, num_tokens)
         seq.status = SequenceStatus.RUNNING
         return ScheduledRow(seq, seq.num_computed_tokens, num_tokens)
 
-    def _pick_victim(self, seq: Sequence, scheduled: set[int]) -> Sequence | None:
-        """Lowest priority, newest first, among holders of blocks that rank below seq."""
-        holders = [
-            s for s in self.sequences.values()
-            if s.block_table and s.seq_id not in scheduled and s is not seq and rank(s) < rank(seq)
-        ]
-        return min(holders, key=rank, default=None)
+    def _pick_victims(self, seq: Sequence, scheduled: set[int], shortfall: int) -> list[Sequence]:
+        """Sequences whose preemption together returns >= shortfall blocks to the pool, or [] if none do.
+
+        Candidates, in order: holders that rank below seq (lowest first), then PAUSED holders of any rank
+        (they are not running; they recompute when extended). A block returns to the pool only when all
+        its holders are preempted, so forks sharing a prefix are freed as a group; candidates whose
+        blocks stay held by others would free nothing and are left alone (picking them forever was a
+        livelock)."""
+        holders = [s for s in self.sequences.values() if s.block_table and s.seq_id not in scheduled and s is not seq]
+        below = sorted((s for s in holders if rank(s) < rank(seq)), key=rank)
+        paused = sorted((s for s in holders if rank(s) >= rank(seq) and s.status == SequenceStatus.PAUSED), key=rank)
+        released: dict[int, int] = {}  # block -> holders among the victims so far
+        victims, freed = [], 0
+        for candidate in below + paused:
+            victims.append(candidate)
+            for block in set(candidate.block_table):
+                released[block] = released.get(block, 0) + 1
+                freed += released[block] == self.block_manager.ref_count[block]
+            if freed >= shortfall:
+                return [v for v in victims if any(released[b] == self.block_manager.ref_count[b] for b in v.block_table)]
+        return []
 
     def _preempt(self, victim: Sequence, batch: ScheduledBatch) -> None:
         self.num_preemptions += 1

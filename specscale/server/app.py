@@ -3,36 +3,35 @@
 `POST /v1/chat/completions` and `POST /v1/completions` read the body (413 over the size limit, 400 on
 malformed JSON), validate it (400 naming the field), prepare the search (tokenization off the event
 loop), submit it (429 + Retry-After when the waiting queue is full) and then either await its outcome
-or stream its events as Server-Sent Events. `GET /v1/models`, `/health` and `/metrics` report. With an
-API key, the /v1 routes need `Authorization: Bearer <key>` (401 otherwise).
+or stream its events as Server-Sent Events. `GET /v1/models`, `/health` (also HEAD) and `/metrics` report.
+With an API key, every path under /v1 needs `Authorization: Bearer <key>` (401 before routing; /health
+and /metrics too with `protect_metrics`). No redirects: a path with a trailing slash is 404.
+`build_app` is the one way to make the app (`specscale serve` runs it under uvicorn).
 """
 
 from __future__ import annotations
 
-import hmac
-import json
 import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from specscale.search.presets import PRESETS
-from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RoundProgress
-from specscale.server.errors import APIError, install_error_handlers
+from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RequestHandle, RoundProgress
+from specscale.server.errors import CLIENT_CLOSED, APIError, install_error_handlers
 from specscale.server.metrics import ServerMetrics
+from specscale.server.middleware import ApiKeyGuard, ErrorGuard, StatusCounter
 from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
+from specscale.server.request_body import read_json, validate
 from specscale.server.responses import DONE, CompletionFormat, ranked_paths, sse
 from specscale.server.search_builder import PreparedSearch, SearchBuilder
 from specscale.server.session import Interrupted, SearchSession
 from specscale.server.settings import ServerSettings
-
-CLIENT_CLOSED = 499  # nginx's status for a client that went away; never reaches that client
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
 
 def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMetrics,
@@ -47,20 +46,14 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
         if on_shutdown is not None:
             on_shutdown()
 
-    app = FastAPI(title="SpecScale", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="SpecScale", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     install_error_handlers(app)
-    app.add_middleware(StatusCounter, metrics=metrics)
+    install_middleware(app, metrics, settings)
+    app.state.settings = settings  # what `specscale serve` configures uvicorn's connection limits from
     started = int(time.time())
 
-    def require_api_key(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
-            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
-
-    api = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+    api = APIRouter(prefix="/v1")
     searches = SearchRoutes(engine_loop, builder, metrics, settings)
 
     @api.post("/chat/completions")
@@ -73,30 +66,53 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
 
     @api.get("/models")
     async def models():
-        card = {"id": settings.served_model_name, "object": "model", "created": started, "owned_by": "specscale",
-                "presets": sorted(PRESETS), "default_preset": settings.default_preset,
-                "max_beam_size": settings.max_beam_size, "max_model_len": builder.context_tokens}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model_card(settings, builder.context_tokens, started)]}
 
     app.include_router(api)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
-        snapshot = engine_loop.snapshot
-        body = {"status": "ok" if snapshot.failure is None else "failed", "error": snapshot.failure,
-                "requests_running": snapshot.running, "requests_waiting": engine_loop.waiting(),
-                "kv_blocks_used": snapshot.kv_blocks_used, "kv_blocks_total": snapshot.kv_blocks_total,
-                "prm_kv_blocks_used": snapshot.prm_kv_blocks_used, "live_sequences": snapshot.live_sequences,
-                "ticks": snapshot.ticks}
-        return JSONResponse(body, status_code=200 if snapshot.failure is None else 503)
+        body = health_report(engine_loop)
+        return JSONResponse(body, status_code=200 if body["error"] is None else 503)
 
     @app.get("/metrics")
     async def prometheus():
-        snapshot = replace(engine_loop.snapshot, waiting=engine_loop.waiting())
-        return PlainTextResponse(metrics.render(snapshot),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(metrics_text(engine_loop, metrics), media_type=PROMETHEUS_TEXT)
 
     return app
+
+
+# ---- what /v1/models, /health and /metrics report (shared with the Ray ingress, docs/scale-out.md) -----
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def model_card(settings: ServerSettings, context_tokens: int, created: int) -> dict:
+    return {"id": settings.served_model_name, "object": "model", "created": created, "owned_by": "specscale",
+            "presets": sorted(PRESETS), "default_preset": settings.default_preset,
+            "max_beam_size": settings.max_beam_size, "max_model_len": context_tokens}
+
+
+def health_report(engine_loop: EngineLoop) -> dict:
+    snapshot = engine_loop.snapshot
+    return {"status": "ok" if snapshot.failure is None else "failed", "error": snapshot.failure,
+            "requests_running": snapshot.running, "requests_waiting": engine_loop.waiting(),
+            "kv_blocks_used": snapshot.kv_blocks_used, "kv_blocks_total": snapshot.kv_blocks_total,
+            "prm_kv_blocks_used": snapshot.prm_kv_blocks_used, "live_sequences": snapshot.live_sequences,
+            "ticks": snapshot.ticks}
+
+
+def metrics_text(engine_loop: EngineLoop, metrics: ServerMetrics) -> str:
+    return metrics.render(replace(engine_loop.snapshot, waiting=engine_loop.waiting()))
+
+
+def install_middleware(app: FastAPI, metrics: ServerMetrics, settings: ServerSettings) -> None:
+    """Outermost first: the status counter, the API key check, the unexpected-error guard (see
+    server/middleware.py); the last one added wraps the others."""
+    app.add_middleware(ErrorGuard)
+    if settings.api_key is not None:
+        extra = ("/health", "/metrics") if settings.protect_metrics else ()
+        app.add_middleware(ApiKeyGuard, api_key=settings.api_key, extra_paths=extra)
+    app.add_middleware(StatusCounter, metrics=metrics)
 
 
 class SearchRoutes:
@@ -112,17 +128,27 @@ class SearchRoutes:
     async def serve(self, request: Request, model: type[BaseModel], prepare, output: CompletionFormat):
         started = time.monotonic()
         body = validate(model, await read_json(request, self.settings.max_body_bytes))
+        prepared, handle = await self.submit(body, prepare, uuid.uuid4().hex)
+        session = SearchSession(self.engine_loop, handle, request.receive, prepared.timeout_s)
+        if prepared.stream:
+            events = self.stream(session, prepared, output, started)
+            return SessionStreamingResponse(session, events)
+        return JSONResponse(await self.answer(session, prepared, output, started))
+
+    async def submit(self, body: BaseModel, prepare, request_id: str) -> tuple[PreparedSearch, RequestHandle]:
+        """A validated body → its search on the engine thread, or an APIError (4xx, 429, 503)."""
         early = self.engine_loop.refusal()  # before spending a tokenization on a request that cannot wait
         if early is not None:
             raise refused(early)
-        prepared: PreparedSearch = await run_in_threadpool(prepare, body, uuid.uuid4().hex)
+        prepared: PreparedSearch = await run_in_threadpool(prepare, body, request_id)
         handle = self.engine_loop.submit(prepared.request, prepared.preset, wants_progress=prepared.stream)
         if isinstance(handle, Refusal):
             raise refused(handle)
-        session = SearchSession(self.engine_loop, handle, request.receive, prepared.timeout_s)
-        if prepared.stream:
-            events = self._stream(session, prepared, output, started)
-            return SessionStreamingResponse(session, events)
+        return prepared, handle
+
+    async def answer(self, session: SearchSession, prepared: PreparedSearch, output: CompletionFormat,
+                     started: float) -> dict:
+        """The whole (non-streamed) response body once the search is over, or an APIError (504, 503)."""
         try:
             last = await session.outcome()
         finally:
@@ -131,10 +157,10 @@ class SearchRoutes:
         if problem is not None:
             raise problem
         self._record(prepared, last, started)
-        return JSONResponse(output.response(prepared, last.result))
+        return output.response(prepared, last.result)
 
-    async def _stream(self, session: SearchSession, prepared: PreparedSearch, output: CompletionFormat,
-                      started: float):
+    async def stream(self, session: SearchSession, prepared: PreparedSearch, output: CompletionFormat,
+                     started: float):
         yield output.opening_chunk(prepared)
         async for event in session.events():
             if isinstance(event, RoundProgress):
@@ -169,75 +195,6 @@ class SessionStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.session.close()
-
-
-class StatusCounter:
-    """ASGI middleware counting responses by route and status (a pure ASGI wrapper: it leaves the
-    request's receive channel, and so disconnect detection, untouched)."""
-
-    def __init__(self, app, metrics: ServerMetrics):
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = scope["path"] if scope["path"] in ROUTES else "other"
-
-        async def counting_send(message) -> None:
-            if message["type"] == "http.response.start":
-                self.metrics.response(route, message["status"])
-            await send(message)
-
-        await self.app(scope, receive, counting_send)
-
-
-# ---- request bodies --------------------------------------------------------------------------------
-async def read_json(request: Request, limit: int):
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the request body is {declared} bytes; the limit is {limit} bytes", code="body_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"the request body exceeds the limit of {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks), parse_constant=_reject_constant)
-    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, NaN / Infinity
-        raise APIError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from error
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def validate(model: type[BaseModel], payload) -> BaseModel:
-    if not isinstance(payload, dict):
-        raise APIError(400, f"the request body must be a JSON object, not {type(payload).__name__}",
-                       code="invalid_json")
-    try:
-        return model.model_validate(payload)
-    except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        param = field_path(first["loc"])
-        raise APIError(400, f"{param}: {first['msg']}", param, first["type"]) from error
-
-
-def field_path(loc: tuple) -> str:
-    """('messages', 0, 'content', 'str') → 'messages[0].content' (union member tags dropped)."""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part.isidentifier() and part not in _TYPE_TAGS:
-            path += f".{part}" if path else part
-    return path
-
-
-_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def refused(refusal: Refusal) -> APIError:

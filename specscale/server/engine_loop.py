@@ -169,9 +169,9 @@ class EngineLoop:
     def _refusal(self) -> Refusal | None:
         if self._stopping or self.snapshot.failure is not None:
             return Refusal(503, f"the engine is not serving: {self.snapshot.failure or 'shutting down'}")
-        if self._queued() >= self.max_waiting + self._free_slots:
-            return Refusal(429, f"the server is at capacity ({self._queued()} searches waiting); retry later",
-                           retry_after_s=self.retry_after_s)
+        if self._queued() - self._free_slots >= self.max_waiting:  # one more would wait beyond the bound
+            return Refusal(429, f"the server is at capacity ({self._waiting()} searches waiting for one of "
+                           f"{self.runtime.max_concurrency} slots); retry later", retry_after_s=self.retry_after_s)
         return None
 
     def cancel(self, request_id: str, reason: str) -> None:
@@ -181,8 +181,13 @@ class EngineLoop:
             self._condition.notify()
 
     def waiting(self) -> int:
+        """Searches accepted that will wait for a slot: what `max_waiting` bounds (those about to take a
+        free slot are not waiting)."""
         with self._condition:
-            return self._queued()
+            return self._waiting()
+
+    def _waiting(self) -> int:
+        return max(self._queued() - self._free_slots, 0)
 
     def _queued(self) -> int:
         return self._runtime_waiting + self._inbox.submits
@@ -248,7 +253,7 @@ class EngineLoop:
             self._runtime_waiting = stats.waiting
             self._free_slots = stats.free_slots
             self.snapshot = EngineSnapshot(
-                ticks=self._ticks, running=stats.running, waiting=self._queued(),
+                ticks=self._ticks, running=stats.running, waiting=self._waiting(),
                 kv_blocks_used=stats.generator_kv.used_blocks, kv_blocks_total=stats.generator_kv.total_blocks,
                 prm_kv_blocks_used=stats.verifier_kv.used_blocks, prm_kv_blocks_total=stats.verifier_kv.total_blocks,
                 live_sequences=stats.live_sequences,

@@ -1,20 +1,17 @@
 """APIError: an HTTP-boundary failure rendered as OpenAI's error JSON
 `{"error": {"message", "type", "param", "code"}}`, plus the handlers that render every other failure
-(unknown route, wrong method, unexpected exception) the same way."""
+(unknown route, wrong method) the same way; `server/middleware.py` renders an unexpected exception."""
 
 from __future__ import annotations
-
-import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-log = logging.getLogger("specscale.server")
-
+CLIENT_CLOSED = 499  # nginx's status for a client that went away; never reaches that client
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-    405: "invalid_request_error", 413: "invalid_request_error", 429: "overloaded_error",
+    405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error", 429: "overloaded_error",
     500: "server_error", 503: "server_error", 504: "timeout_error",
 }
 
@@ -53,8 +50,3 @@ def install_error_handlers(app: FastAPI) -> None:
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return JSONResponse(error_body(exc.status_code, message), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error serving %s %s", request.method, request.url.path)
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), status_code=500)

@@ -3,8 +3,9 @@
 Models are strict (no "2" for 2, no "yes" for true) so a wrong type is a 400 that names the field.
 Unknown top-level fields are ignored, as OpenAI-compatible servers do; the `search` object is ours, so
 an unknown key there is an error (a typo would otherwise silently change nothing). Fields OpenAI
-defines but a step search cannot honour (stop strings, logprobs, tools, penalties) are accepted only at
-their neutral values; `unsupported_fields` names the first one set otherwise.
+defines but a step search cannot honour (stop strings, logprobs, tools and the older functions,
+tool_choice / function_call, penalties) are accepted only at their neutral values (absent, empty,
+"none"); `unsupported_fields` names the first one set otherwise.
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1)  # per step; OpenAI's newer name for max_tokens
     tools: list[dict] | None = None
+    functions: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    function_call: str | dict | None = None
     response_format: dict | None = None
     top_logprobs: int | None = None
 
@@ -118,8 +122,11 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def unsupported_fields(self) -> tuple[str, str] | None:
-        if self.tools:
-            return "tools", "tool calls are not supported"
+        tool_fields = {"tools": self.tools, "functions": self.functions, "tool_choice": self.tool_choice,
+                       "function_call": self.function_call}
+        for name, value in tool_fields.items():
+            if value and value != "none":
+                return name, "tool calls are not supported"
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format", "only response_format {\"type\": \"text\"} is supported"
         if self.top_logprobs:

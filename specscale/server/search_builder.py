@@ -2,7 +2,8 @@
 to answer), or an `APIError` naming the field at fault.
 
 The generator prompt is the chat template applied to the messages (the server's system prompt is put
-first when the request has none, as search-and-learn does); the PRM scores (question, steps) where the
+first when the request has none, as search-and-learn does), special-token text in the messages read
+as plain text unless the server trusts its callers (chat_text.py); the PRM scores (question, steps) where the
 question is the last user message. Sampling fields map onto the search: temperature, top_p, seed, and
 max_tokens as the per-step token cap. Preset, beam size / width, rounds and aggregation come from the
 `search` object; the server's limits (beam size, context, time budget) are checked here.
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import jinja2
 
+from specscale.chat_text import render_chat_text
 from specscale.config import SearchConfig
 from specscale.prompts import chat_messages
 from specscale.search.presets import PRESETS, preset_config
@@ -131,10 +133,10 @@ class SearchBuilder:
 
     def _encode_chat(self, turns: list[dict], param: str) -> list[int]:
         try:
-            text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True)
+            chat = render_chat_text(self.tokenizer, turns, add_generation_prompt=True)
         except jinja2.exceptions.TemplateError as error:
             raise APIError(400, f"{param}: the model's chat template rejects them: {error}", param) from error
-        ids = self.tokenizer.encode(text)
+        ids = chat.encode(self.tokenizer, trusted=self.settings.trust_special_tokens)
         if len(ids) >= self.context_tokens:
             raise APIError(400, f"{param}: the prompt is {len(ids)} tokens; the model's context is "
                            f"{self.context_tokens} tokens and the search needs room to generate", param,

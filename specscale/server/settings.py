@@ -12,7 +12,12 @@ class ServerSettings:
     refused with 429 + Retry-After. max_beam_size: the largest `search.beam_size` a request may ask for.
     request_timeout_s: the longest a search may take (a request may ask for less with `search.timeout_s`).
     max_body_bytes: larger request bodies get 413. retry_after_s: the Retry-After header of a 429.
-    api_key: None serves without authentication."""
+    api_key: None serves without authentication (an empty key is refused: it would look like auth and
+    be none). protect_metrics: /health and /metrics need the key too (by default they stay open for
+    probes). trust_special_tokens: special-token text inside message contents is read as control tokens
+    (lets a caller forge chat turns; for trusted callers only). header_timeout_s / body_timeout_s: the
+    longest a client may take to send a request's headers / its body before it gets 408 and the
+    connection closes. max_connections: open connections beyond it get 503 and are closed."""
 
     served_model_name: str = "specscale"
     default_preset: str = "specscale"
@@ -22,6 +27,11 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     retry_after_s: int = 1
     api_key: str | None = None
+    protect_metrics: bool = False
+    trust_special_tokens: bool = False
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 1024
 
     def __post_init__(self) -> None:
         if self.max_waiting < 0:
@@ -32,3 +42,11 @@ class ServerSettings:
             raise ValueError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty (None serves without authentication)")
+        if self.protect_metrics and self.api_key is None:
+            raise ValueError("protect_metrics needs an api_key")
+        if min(self.header_timeout_s, self.body_timeout_s) <= 0:
+            raise ValueError("header_timeout_s and body_timeout_s must be positive")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")

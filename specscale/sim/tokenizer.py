@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from specscale.prompts import PRM_SYSTEM_PROMPT, STEP_SEPARATOR
-from specscale.tokenizer import render_chat
+from specscale.tokenizer import added_token_pattern, render_chat
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -72,7 +72,7 @@ class SyntheticTokenizer:
         self._byte_base = len(self._texts)
         self._ids = {text: i for i, text in enumerate(self._texts)}
         self._specials = {self._texts[i]: i for i in self.special_ids}
-        self._special_split = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TEXTS) + ")")
+        self.added_token_pattern = added_token_pattern(SPECIAL_TEXTS)
         self.token_bytes = [b"" if i in self.special_ids else t.encode() for i, t in enumerate(self._texts)]
         self.token_bytes += [bytes([b]) for b in range(256)]
         self.eos_token_ids = {self.eos}
@@ -96,14 +96,18 @@ class SyntheticTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids: list[int] = []
-        for part in self._special_split.split(text):
+        for part in self.added_token_pattern.split(text):
             special = self._specials.get(part)
-            if special is not None:
-                ids.append(special)
-                continue
-            for piece in PIECES.findall(part):
-                token = self._ids.get(piece)
-                ids += [token] if token is not None else [self._byte_base + b for b in piece.encode()]
+            ids += [special] if special is not None else self.encode_text(part)
+        return ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids with special-token text spelled out as ordinary text (bytes outside the vocabulary)."""
+        ids: list[int] = []
+        for piece in PIECES.findall(text):
+            token = self._ids.get(piece)
+            readable = token is not None and token not in self.special_ids
+            ids += [token] if readable else [self._byte_base + b for b in piece.encode()]
         return ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:

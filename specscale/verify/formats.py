@@ -11,10 +11,15 @@ Two formats (docs: shared/docs/FORMATS.md sections 1 and 2):
 
 Both render the PRM's own chat template. Prefix reuse rests on one property: the token ids for steps
 1..j are a token-exact prefix of the token ids for steps 1..k (j < k). A format therefore cuts the
-rendered chat into one text *piece* per step, each ending right after a special token (the step's
+rendered chat into one *piece* per step, each ending right after a special token (the step's
 ``<extra_0>``; the ``<|eot_id|>`` closing the assistant's "+"). The tokenizer splits text at special
 tokens before running BPE, so encoding the pieces one by one and concatenating equals encoding the whole
 rendered chat; `PRMFormat.check_template` verifies this on a probe chat when a format is built.
+
+Pieces are `ChatText`s (chat_text.py): the question and the steps are contents, tokenized with any
+special-token text in them read as plain text, so neither a question nor a generated step can forge a
+turn or a step tag; only the template and the format write control tokens. `trust_special_tokens`
+reads such text as control tokens again (trusted callers only).
 
 Steps are cleaned first (`clean_steps`): trailing newlines (the "\\n\\n" step delimiter) are removed
 and empty steps dropped, so a search that passes steps ending in "\\n\\n" never scores an extra empty
@@ -32,6 +37,7 @@ from typing import ClassVar
 
 import torch
 
+from specscale.chat_text import ChatText, render_chat_text
 from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
 from specscale.tokenizer import Tokenizer
 
@@ -78,8 +84,9 @@ class PRMFormat(ABC):
     name: ClassVar[str]
     uses_lm_head: ClassVar[bool]  # True: head outputs are vocabulary logits; False: a 2-class score head
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, trust_special_tokens: bool = False):
         self.tokenizer = tokenizer
+        self.trust_special_tokens = trust_special_tokens
         self._piece_ids = functools.lru_cache(maxsize=PIECE_MEMO_SIZE)(self._encode_piece)
         self.check_template()
 
@@ -89,7 +96,7 @@ class PRMFormat(ABC):
         """The chat of the format's reference recipe for these (clean, non-empty) steps."""
 
     @abstractmethod
-    def step_pieces(self, question: str, steps: Sequence[str]) -> list[str]:
+    def step_pieces(self, question: str, steps: Sequence[str]) -> list[ChatText]:
         """The rendered chat cut after each step: piece j ends right after a special token, and the
         concatenation of pieces 0..j is a prefix of `render` (question, steps[:k]) for every k > j."""
 
@@ -106,6 +113,10 @@ class PRMFormat(ABC):
         """The whole chat rendered by the PRM's own template (no generation prompt)."""
         return self.tokenizer.apply_chat_template(self.messages(question, steps), add_generation_prompt=False)
 
+    def render_text(self, question: str, steps: Sequence[str]) -> ChatText:
+        """`render` with the template's text and the contents (question, steps) apart."""
+        return render_chat_text(self.tokenizer, self.messages(question, steps), add_generation_prompt=False)
+
     def encode(self, question: str, steps: Sequence[str]) -> PRMInput:
         """Token ids of the chat up to the last step's boundary, its score positions and step ends."""
         if not steps:
@@ -119,15 +130,15 @@ class PRMFormat(ABC):
             step_ends.append(len(token_ids))
         return PRMInput(tuple(token_ids), tuple(score_positions), tuple(step_ends))
 
-    def _encode_piece(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.encode(text))
+    def _encode_piece(self, piece: ChatText) -> tuple[int, ...]:
+        return tuple(piece.encode(self.tokenizer, trusted=self.trust_special_tokens))
 
     def check_template(self) -> None:
         """Raise ValueError unless the pieces of a probe chat tokenize exactly like the rendered chat."""
         question, steps = "What is 2 + 3?", ["We add: 2 + 3 = 5.", "Check it\nagain.", "So \\boxed{5}."]
         pieces = self.step_pieces(question, steps)
         whole = self.render(question, steps)
-        if not whole.startswith("".join(pieces)):
+        if not whole.startswith("".join(piece.text for piece in pieces)):
             raise ValueError(f"{self.name}: the chat template does not render the step pieces as a prefix")
         encoded = self.encode(question, steps)
         if list(encoded.token_ids) != self.tokenizer.encode(whole)[: len(encoded.token_ids)]:
@@ -141,14 +152,15 @@ class QwenMathPRMFormat(PRMFormat):
     name = "qwen-math-prm"
     uses_lm_head = False
 
-    def __init__(self, tokenizer: Tokenizer, system_prompt: str = PRM_SYSTEM_PROMPT):
+    def __init__(self, tokenizer: Tokenizer, system_prompt: str = PRM_SYSTEM_PROMPT,
+                 trust_special_tokens: bool = False):
         self.system_prompt = system_prompt
         tag_ids = tokenizer.encode(PRM_STEP_TAG)
         if len(tag_ids) != 1:
             raise ValueError(f"{self.name}: the tokenizer must hold {PRM_STEP_TAG} as one (added) token")
         self.step_tag_id = tag_ids[0]
         self._chat_head = functools.lru_cache(maxsize=1024)(self._render_chat_head)
-        super().__init__(tokenizer)
+        super().__init__(tokenizer, trust_special_tokens)
 
     def messages(self, question: str, steps: Sequence[str]) -> list[dict[str, str]]:
         return [
@@ -157,16 +169,16 @@ class QwenMathPRMFormat(PRMFormat):
             {"role": "assistant", "content": "".join(step + PRM_STEP_TAG for step in steps)},
         ]
 
-    def step_pieces(self, question: str, steps: Sequence[str]) -> list[str]:
+    def step_pieces(self, question: str, steps: Sequence[str]) -> list[ChatText]:
         head = self._chat_head(question)  # everything before the assistant's content
-        return [head + steps[0] + PRM_STEP_TAG] + [step + PRM_STEP_TAG for step in steps[1:]]
+        tag = ChatText.template(PRM_STEP_TAG)
+        return [head + ChatText.content(steps[0]) + tag] + [ChatText.content(step) + tag for step in steps[1:]]
 
-    def _render_chat_head(self, question: str) -> str:
+    def _render_chat_head(self, question: str) -> ChatText:
         messages = self.messages(question, [])
         messages[-1]["content"] = PLACEHOLDER
-        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=False)
-        head, found, _ = rendered.partition(PLACEHOLDER)
-        if not found:
+        head = render_chat_text(self.tokenizer, messages).before_content(PLACEHOLDER)
+        if head is None:
             raise ValueError(f"{self.name}: the chat template does not render the assistant content verbatim")
         return head
 
@@ -186,13 +198,14 @@ class RLHFlowFormat(PRMFormat):
     name = "rlhflow"
     uses_lm_head = True
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, trust_special_tokens: bool = False):
         self.plus_id = tokenizer.encode("+")[-1]
         self.minus_id = tokenizer.encode("-")[-1]
         if self.plus_id == self.minus_id:
             raise ValueError(f"{self.name}: '+' and '-' encode to the same token")
         self._turn_before, self._turn_after = self._step_turn(tokenizer)
-        super().__init__(tokenizer)
+        self._first_piece = functools.lru_cache(maxsize=1024)(self._render_first_piece)
+        super().__init__(tokenizer, trust_special_tokens)
 
     def messages(self, question: str, steps: Sequence[str]) -> list[dict[str, str]]:
         chat = []
@@ -201,9 +214,13 @@ class RLHFlowFormat(PRMFormat):
             chat.append({"role": "assistant", "content": "+"})
         return chat
 
-    def step_pieces(self, question: str, steps: Sequence[str]) -> list[str]:
-        first = self.render(question, steps[:1])  # header, first user turn, first "+" turn
-        return [first] + [self._turn_before + step.strip() + self._turn_after for step in steps[1:]]
+    def step_pieces(self, question: str, steps: Sequence[str]) -> list[ChatText]:
+        first = self._first_piece(question, steps[0])  # header, first user turn, first "+" turn
+        before, after = ChatText.template(self._turn_before), ChatText.template(self._turn_after)
+        return [first] + [before + ChatText.content(step.strip()) + after for step in steps[1:]]
+
+    def _render_first_piece(self, question: str, step: str) -> ChatText:
+        return self.render_text(question, [step])
 
     def _step_turn(self, tokenizer: Tokenizer) -> tuple[str, str]:
         """The template's text around a later step: (before the step text, after it through the "+" turn)."""
@@ -238,9 +255,10 @@ def format_name_for(hf_config: dict) -> str:
                      f"pass one of {sorted(FORMATS)} explicitly")
 
 
-def make_format(tokenizer: Tokenizer, hf_config: dict, name: str | None = None) -> PRMFormat:
+def make_format(tokenizer: Tokenizer, hf_config: dict, name: str | None = None,
+                trust_special_tokens: bool = False) -> PRMFormat:
     """The named format, or the one config.json implies when name is None."""
     name = name or format_name_for(hf_config)
     if name not in FORMATS:
         raise ValueError(f"unknown PRM format {name!r}; known: {sorted(FORMATS)}")
-    return FORMATS[name](tokenizer)
+    return FORMATS[name](tokenizer, trust_special_tokens=trust_special_tokens)

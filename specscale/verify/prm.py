@@ -79,6 +79,8 @@ class VerifierConfig:
     """A verifier: its PRM engine, the input format and the bounds of its step-boundary cache.
 
     format: "qwen-math-prm" or "rlhflow"; None picks it from the checkpoint's config.json.
+    trust_special_tokens: read special-token text in questions and steps as control tokens (trusted
+        callers only; by default it is plain text, see verify/formats.py).
     max_cached_prefixes: most paused sequences the cache keeps.
     min_free_block_fraction: after each batch, cached prefixes are evicted (LRU first) until at
         least this share of the PRM engine's KV blocks is free.
@@ -86,6 +88,7 @@ class VerifierConfig:
 
     engine: EngineConfig
     format: str | None = None
+    trust_special_tokens: bool = False
     max_cached_prefixes: int = 1024
     min_free_block_fraction: float = 0.25
 
@@ -227,7 +230,8 @@ class Verifier:
         self.config = config
         self.engine = engine or Engine(config.engine)
         hf_config = read_hf_config(config.engine.model) if config.format is None else {}
-        self.format: PRMFormat = make_format(self.engine.tokenizer, hf_config, config.format)
+        self.format: PRMFormat = make_format(self.engine.tokenizer, hf_config, config.format,
+                                             config.trust_special_tokens)
         self._check_head()
         self.cache = StepPrefixCache(self.engine, config.max_cached_prefixes)
         self.stats = VerifierStats()

@@ -15,7 +15,8 @@ import os
 import socket
 from pathlib import Path
 
-from specscale.pipeline import DEFAULT_LV_THRESHOLD, Pipeline, PipelineConfig
+from specscale.pipeline import DEFAULT_LV_THRESHOLD, PipelineConfig
+from specscale.scaleout.command import add_ray_flags
 from specscale.search.presets import PRESETS
 from specscale.server.settings import ServerSettings
 
@@ -32,7 +33,13 @@ def add_serve(sub) -> None:
     p.add_argument("--prm", default=defaults.prm, help="local Hugging Face folder")
     p.add_argument("--served-model-name", default=None, help="the API's model id (default: generator folder name)")
     p.add_argument("--api-key", default=os.environ.get("SPECSCALE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECSCALE_API_KEY, else none)")
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECSCALE_API_KEY, else none; "
+                        "an empty key is refused)")
+    p.add_argument("--protect-metrics", action="store_true",
+                   help="require the API key on /health and /metrics too (default: open, for probes)")
+    p.add_argument("--trust-special-tokens", action="store_true",
+                   help="read special-token text in message contents as control tokens (lets a caller forge "
+                        "chat turns: trusted callers only; default: such text is plain text)")
     p.add_argument("--default-preset", default=limits.default_preset, choices=sorted(PRESETS))
     p.add_argument("--max-concurrency", type=int, default=defaults.max_concurrency, help="searches running at once")
     p.add_argument("--max-waiting", type=int, default=limits.max_waiting,
@@ -40,6 +47,12 @@ def add_serve(sub) -> None:
     p.add_argument("--max-beam-size", type=int, default=limits.max_beam_size)
     p.add_argument("--request-timeout", type=float, default=limits.request_timeout_s, help="seconds per search")
     p.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes)
+    p.add_argument("--header-timeout", type=float, default=limits.header_timeout_s,
+                   help="seconds a client may take to send a request's headers (then 408, connection closed)")
+    p.add_argument("--body-timeout", type=float, default=limits.body_timeout_s,
+                   help="seconds a client may take to send a request's body after its headers (then 408)")
+    p.add_argument("--max-connections", type=int, default=limits.max_connections,
+                   help="open connections; one more gets 503 and is closed")
     p.add_argument("--system-prompt", default=defaults.system_prompt,
                    help="put first in chats without a system message")
     p.add_argument("--generator-kv-gb", type=float, default=defaults.generator_kv_gb)
@@ -51,15 +64,24 @@ def add_serve(sub) -> None:
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    add_ray_flags(p)
     p.set_defaults(func=run_serve)
 
 
 def run_serve(args) -> int:
+    problem = _argument_problem(args)
+    if problem is not None:
+        print(f"specscale serve: {problem}")
+        return 2
     for name, folder in (("generator", args.generator), ("prm", args.prm)):
         if not (Path(folder) / "config.json").is_file():
             print(f"specscale serve: no checkpoint at {folder} (--{name}); pass a local Hugging Face folder")
             return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    if args.ray:  # docs/scale-out.md
+        from specscale.scaleout.command import run_ray_serve, scale_out_config
+
+        return run_ray_serve(args, scale_out_config(args, pipeline_config(args), server_settings(args)))
     if args.threads:
         import torch
 
@@ -70,7 +92,10 @@ def run_serve(args) -> int:
     print(f"SpecScale serving {_served_name(args)} at http://{_url_host(host)}:{port}", flush=True)
     import uvicorn
 
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log, timeout_graceful_shutdown=5)
+    from specscale.server.connection import uvicorn_config
+
+    config = uvicorn_config(app, app.state.settings, log_level=args.log_level, access_log=args.access_log,
+                            timeout_graceful_shutdown=5)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
         uvicorn.Server(config).run(sockets=[sock])
     print("SpecScale stopped", flush=True)
@@ -79,28 +104,38 @@ def run_serve(args) -> int:
 
 def build_server(args):
     """The app for these arguments: loads both models (the slow part)."""
-    from specscale.grading import shared_grader
     from specscale.server.app import build_app
-    from specscale.server.engine_loop import EngineLoop
-    from specscale.server.metrics import ServerMetrics
-    from specscale.server.search_builder import SearchBuilder
+    from specscale.server.search_stack import SearchStack
 
-    shared_grader().start()  # votes over non-numeric answers use math-verify: its worker imports while models load
-    pipeline = Pipeline(PipelineConfig(
+    stack = SearchStack.build(pipeline_config(args), server_settings(args))
+    return build_app(stack.engine_loop, stack.builder, stack.metrics, stack.settings, on_shutdown=stack.pipeline.close)
+
+
+def pipeline_config(args) -> PipelineConfig:
+    return PipelineConfig(
         generator=args.generator, prm=args.prm, device=args.device, generator_kv_gb=args.generator_kv_gb,
         prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency, lv_threshold_tokens=args.lv_threshold_tokens,
-        system_prompt=args.system_prompt, seed=args.seed,
-    ))
-    settings = ServerSettings(
+        system_prompt=args.system_prompt, seed=args.seed, trust_special_tokens=args.trust_special_tokens,
+    )
+
+
+def server_settings(args) -> ServerSettings:
+    return ServerSettings(
         served_model_name=_served_name(args), default_preset=args.default_preset, max_waiting=args.max_waiting,
         max_beam_size=args.max_beam_size, request_timeout_s=args.request_timeout, max_body_bytes=args.max_body_bytes,
-        api_key=args.api_key or None,
+        api_key=args.api_key, protect_metrics=args.protect_metrics, trust_special_tokens=args.trust_special_tokens,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, max_connections=args.max_connections,
     )
-    metrics = ServerMetrics()
-    engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s)
-    builder = SearchBuilder(pipeline.engine.tokenizer, pipeline.config.system_prompt, pipeline.engine.max_model_len,
-                            pipeline.verifier.format, pipeline.verifier.max_input_tokens, settings)
-    return build_app(engine_loop, builder, metrics, settings, on_shutdown=pipeline.close)
+
+
+def _argument_problem(args) -> str | None:
+    """What is wrong with the arguments before any model loads, or None."""
+    if args.api_key is not None and not args.api_key.strip():
+        return ("--api-key (or $SPECSCALE_API_KEY) is empty, which would serve without authentication; "
+                "pass a key or leave both unset")
+    if args.protect_metrics and args.api_key is None:
+        return "--protect-metrics needs --api-key"
+    return None
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -1,0 +1,92 @@
+"""`specscale serve --ray`: the same OpenAI API served by R search replicas on Ray Serve (docs/scale-out.md).
+
+Without `--address` it starts a local Ray instance on this machine; with one (`auto`, or the head's
+`HOST:6379`) it joins that cluster and deploys there. It prints `SpecScale serving <model> on R Ray Serve
+replicas at http://HOST:PORT` once every replica has loaded its models, serves until Ctrl-C / SIGTERM,
+then deletes the application (and, for a Ray instance it started, shuts Serve and Ray down).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import socket
+import time
+from pathlib import Path
+
+from specscale.pipeline import PipelineConfig
+from specscale.scaleout.config import ScaleOutConfig
+from specscale.server.settings import ServerSettings
+
+
+def add_ray_flags(p) -> None:
+    defaults = ScaleOutConfig()
+    group = p.add_argument_group("scale-out on Ray Serve (pip install 'specscale[ray]'; docs/scale-out.md)")
+    group.add_argument("--ray", action="store_true", help="serve with R search replicas on Ray Serve")
+    group.add_argument("--replicas", type=int, default=defaults.replicas, help="search replicas (with --ray)")
+    group.add_argument("--address", default=None,
+                       help="Ray cluster to join ('auto' or HEAD:6379; default: start a local Ray instance)")
+    group.add_argument("--replica-cpus", type=float, default=defaults.replica_cpus, help="CPUs each replica reserves")
+    group.add_argument("--replica-gpus", type=float, default=defaults.replica_gpus, help="GPUs each replica reserves")
+
+
+def scale_out_config(args, pipeline: PipelineConfig, settings: ServerSettings) -> ScaleOutConfig:
+    """Checkpoint folders made absolute: replicas run in other working directories (and on other nodes,
+    where the same paths must exist)."""
+    pipeline = dataclasses.replace(pipeline, generator=str(Path(pipeline.generator).resolve()),
+                                   prm=str(Path(pipeline.prm).resolve()))
+    return ScaleOutConfig(pipeline, settings, replicas=args.replicas, replica_cpus=args.replica_cpus,
+                          replica_gpus=args.replica_gpus, threads=args.threads)
+
+
+def run_ray_serve(args, config: ScaleOutConfig) -> int:
+    import ray
+    from ray import serve
+
+    from specscale.scaleout.application import APP_NAME, build_application
+
+    port = args.port or free_port(args.host)
+    ray.init(address=args.address, include_dashboard=False, logging_level=args.log_level.upper())
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
+    try:
+        serve.start(http_options={"host": args.host, "port": port})
+        logging_config = {"log_level": args.log_level.upper(), "enable_access_log": args.access_log}
+        serve.run(build_application(config), name=APP_NAME, route_prefix="/", logging_config=logging_config)
+        print(f"SpecScale serving {config.settings.served_model_name} on {config.replicas} Ray Serve replicas "
+              f"at http://{_url_host(args.host)}:{port}", flush=True)
+        _wait_for_interrupt()
+    finally:
+        _stop(serve, ray, joined=args.address is not None)
+    print("SpecScale stopped", flush=True)
+    return 0
+
+
+def _wait_for_interrupt() -> None:
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+
+
+def _stop(serve, ray, joined: bool) -> None:
+    """Remove what this command deployed; a Ray instance it started goes down with Serve."""
+    from specscale.scaleout.application import APP_NAME
+
+    if joined:
+        serve.delete(APP_NAME)
+    else:
+        serve.shutdown()
+    ray.shutdown()
+
+
+def free_port(host: str) -> int:
+    """A port free now (Ray Serve's proxy binds it itself, so `--port 0` picks one here)."""
+    family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

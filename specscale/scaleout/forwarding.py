@@ -1,0 +1,142 @@
+"""ForwardedSearch: one HTTP search request on the ingress, carried to a search replica by a Ray Serve
+streaming handle call (the replica is picked by Serve's router; docs/scale-out.md).
+
+A replica that dies under a request (its process killed, its node lost) surfaces here as a Ray actor
+error. The request is then sent again, once, to another replica: a search restarted from scratch with
+the same seed is the same search, so a retried stream skips the chunks its client already has. A stream
+that already sent progress of an unseeded search cannot be replayed and ends with a 503 error event. A
+full cluster (Serve's router queue over its bound) answers 429 + Retry-After; a request that waits for
+its first answer past its time budget, 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+from specscale.scaleout.cluster_counters import ClusterCounters
+from specscale.scaleout.messages import Answered, Rejected, StreamOpened
+from specscale.server.errors import APIError
+from specscale.server.responses import DONE, sse
+
+RETRIES = 1
+OPENING_CHUNKS = 1  # a stream's first chunk (the assistant role) is the same for any search of the request
+FIRST_ANSWER_GRACE_S = 5.0  # the replica enforces the budget; the ingress waits this much longer
+
+
+@dataclass(frozen=True)
+class ReplicaLost:
+    """The replica serving the call went away (its actor died or became unreachable)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class CallEnded:
+    """The replica's generator finished."""
+
+
+class ForwardedSearch:
+    def __init__(self, replicas, body, chat: bool, request_id: str, timeout_s: float, retry_after_s: int,
+                 counters: ClusterCounters):
+        self.replicas = replicas.options(stream=True)
+        self.body = body
+        self.chat = chat
+        self.request_id = request_id
+        self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
+        self.counters = counters
+        self.retries_left = RETRIES
+        self.call = None  # the replica's current DeploymentResponseGenerator
+
+    # ---- the first message: the status of the HTTP answer ---------------------------------------------
+    async def open(self) -> Rejected | Answered | StreamOpened:
+        """Send the search; a replica lost before its first message is retried once."""
+        deadline = self.timeout_s + FIRST_ANSWER_GRACE_S
+        try:
+            first = await asyncio.wait_for(self._first(), timeout=deadline)
+        except TimeoutError:
+            self.close()
+            return Rejected.of(APIError(504, f"no replica answered within the time budget of "
+                                        f"{self.timeout_s:g} s; the search was cancelled", code="timeout"))
+        return first
+
+    async def _first(self) -> Rejected | Answered | StreamOpened:
+        while True:
+            self.call = self.replicas.search.remote(self.body, self.chat, self.request_id)
+            first = await self._next()
+            if isinstance(first, ReplicaLost):
+                if self._may_retry(first, sent=0):
+                    continue
+                return self._lost(first)
+            if isinstance(first, CallEnded):
+                return self._lost(ReplicaLost("the replica ended the call without an answer"))
+            return first
+
+    # ---- the stream after StreamOpened ------------------------------------------------------------------
+    async def chunks(self):
+        """The SSE chunks; on a lost replica, the retried search's chunks past those already sent."""
+        sent = skip = 0
+        while True:
+            item = await self._next()
+            if isinstance(item, CallEnded):
+                return
+            if isinstance(item, ReplicaLost):
+                skip = await self._resume(item, sent)
+                if skip is None:
+                    yield sse(self._lost(item).body)
+                    yield DONE
+                    return
+                continue
+            if skip:
+                skip -= 1
+                continue
+            sent += 1
+            yield item
+
+    async def _resume(self, lost: ReplicaLost, sent: int) -> int | None:
+        """Chunks to skip on the retried call, or None when it cannot be retried."""
+        if not self._may_retry(lost, sent):
+            return None
+        self.call = self.replicas.search.remote(self.body, self.chat, self.request_id)
+        opened = await self._next()
+        return sent if isinstance(opened, StreamOpened) else None
+
+    # ---- helpers ---------------------------------------------------------------------------------------
+    def _may_retry(self, lost: ReplicaLost, sent: int) -> bool:
+        self.counters.replica_lost()
+        replayable = sent <= OPENING_CHUNKS or self.body.seed is not None
+        if self.retries_left < 1 or not replayable:
+            self.counters.retry("not_retried")
+            return False
+        self.retries_left -= 1
+        self.counters.retry("retried")
+        return True
+
+    async def _next(self):
+        """The call's next message, or ReplicaLost / CallEnded / a 429 Rejected (values, not exceptions).
+        A call that ended is forgotten: there is nothing left to cancel (and cancelling a call whose
+        routing failed would raise its error again)."""
+        try:
+            return await self.call.__anext__()
+        except StopAsyncIteration:
+            ended = CallEnded()
+        except BackPressureError:
+            ended = Rejected.of(APIError(429, "every replica is at capacity; retry later", code="queue_full",
+                                         headers={"Retry-After": str(self.retry_after_s)}))
+        except (RayActorError, DeploymentUnavailableError) as error:
+            ended = ReplicaLost(f"{type(error).__name__}")
+        self.call = None
+        return ended
+
+    def _lost(self, lost: ReplicaLost) -> Rejected:
+        return Rejected.of(APIError(503, f"the replica serving this search failed ({lost.reason}) and the "
+                                    "search could not be retried; retry the request", code="replica_failed"))
+
+    def close(self) -> None:
+        """Cancel the replica's call (a no-op once it has finished): the search's KV is freed there."""
+        if self.call is not None:
+            self.call.cancel()

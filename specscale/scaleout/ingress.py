@@ -1,0 +1,165 @@
+"""Ingress: the one HTTP front of `specscale serve --ray`, a Ray Serve ingress deployment serving the same
+OpenAI API as `specscale serve` (server/app.py) in front of the search replicas (docs/scale-out.md).
+
+Completions: the body is read, validated and authenticated here (the same functions as the single-process
+server); the search goes to a replica through a Ray Serve streaming handle call, routed by Serve's router
+(`ForwardedSearch`). `/v1/models`, `/health` and `/metrics` ask every replica at once (Serve's handle
+`broadcast`, which a full cluster does not refuse): `/health` lists each replica and the totals,
+`/metrics` sums the replicas' series with the ingress's own HTTP counts and its replica-failure counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from ray import serve
+from ray.exceptions import TaskCancelledError
+from ray.serve.exceptions import DeploymentUnavailableError
+
+from specscale.scaleout.cluster_counters import ClusterCounters
+from specscale.scaleout.config import ScaleOutConfig
+from specscale.scaleout.exposition import only_families, sum_expositions
+from specscale.scaleout.forwarding import ForwardedSearch
+from specscale.scaleout.messages import Rejected, StreamOpened
+from specscale.server.app import PROMETHEUS_TEXT, install_middleware
+from specscale.server.engine_loop import EngineSnapshot
+from specscale.server.errors import APIError, install_error_handlers
+from specscale.server.metrics import ServerMetrics
+from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
+from specscale.server.request_body import read_json, validate
+
+REPLICA_HEADER = "X-SpecScale-Replica"  # which replica answered (the first one, for a retried stream)
+log = logging.getLogger("specscale.server")
+POLL_TIMEOUT_S = 5.0  # a replica that does not answer a /health or /metrics poll within this is left out
+HEALTH_TOTALS = ("requests_running", "requests_waiting", "kv_blocks_used", "kv_blocks_total", "prm_kv_blocks_used",
+                 "live_sequences", "ticks")
+
+
+@serve.ingress()
+class Ingress:
+    def __init__(self, config: ScaleOutConfig, replicas):
+        self.config = config
+        self.replicas = replicas  # DeploymentHandle of the SearchReplica deployment
+        self.metrics = ServerMetrics()  # only its HTTP status counts are used: the searches' come from replicas
+        self.counters = ClusterCounters()
+        self.started = int(time.time())
+        self._model_card: dict | None = None
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_ingress_app(self)
+
+    # ---- completions ---------------------------------------------------------------------------------
+    async def complete(self, request: Request, model, chat: bool):
+        settings = self.config.settings
+        body = validate(model, await read_json(request, settings.max_body_bytes))
+        timeout_s = min(body.search.timeout_s or settings.request_timeout_s, settings.request_timeout_s)
+        search = ForwardedSearch(self.replicas, body, chat, uuid.uuid4().hex, timeout_s, settings.retry_after_s,
+                                 self.counters)
+        try:
+            first = await search.open()
+        except BaseException:  # the client went away (cancelled) or the ingress failed: free the replica's search
+            search.close()
+            raise
+        if isinstance(first, StreamOpened):
+            return ForwardedStreamingResponse(search, first.replica_id)
+        search.close()
+        if isinstance(first, Rejected):
+            return first.response()
+        return JSONResponse(first.body, headers={REPLICA_HEADER: first.replica_id})
+
+    # ---- reports -------------------------------------------------------------------------------------
+    async def model_list(self) -> dict:
+        """Every replica serves the same model: the first card that comes back is kept."""
+        if self._model_card is None:
+            self._model_card = next(iter(await self._broadcast("model_card", self.started)), None)
+        if self._model_card is None:
+            raise APIError(503, "no replica answered; retry later", code="replica_failed")
+        return {"object": "list", "data": [self._model_card]}
+
+    async def health(self) -> JSONResponse:
+        statuses = await self._poll()
+        replicas = [dict(replica_id=s.replica_id, pid=s.pid, node_id=s.node_id, **s.health) for s in statuses]
+        healthy = sum(1 for r in replicas if r["error"] is None)
+        total = {name: sum(r[name] for r in replicas) for name in HEALTH_TOTALS}
+        state = "ok" if healthy >= self.config.replicas else "degraded" if healthy else "failed"
+        body = {"status": state, "replicas_target": self.config.replicas, "replicas_healthy": healthy,
+                **total, "replicas": replicas}
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    async def prometheus(self) -> PlainTextResponse:
+        statuses = await self._poll()
+        http = only_families(self.metrics.render(EngineSnapshot()), {"specscale_http_responses_total"})
+        texts = [*(s.metrics for s in statuses), http]
+        cluster = self.counters.render(len(statuses), self.config.replicas)
+        return PlainTextResponse(sum_expositions(texts) + cluster, media_type=PROMETHEUS_TEXT)
+
+    async def _poll(self) -> list:
+        """Every live replica's ReplicaStatus, by replica id."""
+        statuses = await self._broadcast("status")
+        self.counters.saw_replicas([s.replica_id for s in statuses])
+        return sorted(statuses, key=lambda s: s.replica_id)
+
+    async def _broadcast(self, method: str, *args) -> list:
+        """`method` on every replica at once; those that fail or do not answer within POLL_TIMEOUT_S are left
+        out (all of them when the deployment has no replica up)."""
+        try:
+            results = await self.replicas.broadcast(method, *args).results_async(timeout_s=POLL_TIMEOUT_S,
+                                                                                 return_exceptions=True)
+        except (TimeoutError, DeploymentUnavailableError):
+            return []
+        return [r for r in results if not isinstance(r, BaseException)]
+
+
+class ForwardedStreamingResponse(StreamingResponse):
+    """An SSE response from a replica's stream that cancels the replica's call however the response ends
+    (sent, failed, or abandoned by a client that went away)."""
+
+    def __init__(self, search: ForwardedSearch, replica_id: str):
+        super().__init__(search.chunks(), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                  REPLICA_HEADER: replica_id})
+        self.search = search
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except TaskCancelledError:  # how Ray Serve's receive channel says that the client went away
+            log.debug("the client of a stream went away; its search is cancelled")
+        finally:
+            self.search.close()
+
+
+def build_ingress_app(ingress: Ingress) -> FastAPI:
+    app = FastAPI(title="SpecScale on Ray Serve", docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
+    install_error_handlers(app)
+    install_middleware(app, ingress.metrics, ingress.config.settings)  # status counts, API key, error guard
+    api = APIRouter(prefix="/v1")
+
+    @api.post("/chat/completions")
+    async def chat_completions(request: Request):
+        return await ingress.complete(request, ChatCompletionRequest, chat=True)
+
+    @api.post("/completions")
+    async def completions(request: Request):
+        return await ingress.complete(request, CompletionRequest, chat=False)
+
+    @api.get("/models")
+    async def models():
+        return await ingress.model_list()
+
+    app.include_router(api)
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
+    async def health():
+        return await ingress.health()
+
+    @app.get("/metrics")
+    async def prometheus():
+        return await ingress.prometheus()
+
+    return app

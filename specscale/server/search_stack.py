@@ -1,0 +1,37 @@
+"""SearchStack: what one serving process runs — the pipeline (generator engine, PRM verifier, search
+runtime), the engine thread in front of it, the request builder and the metrics — built from a
+`PipelineConfig` and `ServerSettings`. `specscale serve` puts one behind its FastAPI app; each Ray Serve
+replica of `specscale serve --ray` holds one (docs/scale-out.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specscale.pipeline import Pipeline, PipelineConfig
+from specscale.server.engine_loop import EngineLoop
+from specscale.server.metrics import ServerMetrics
+from specscale.server.search_builder import SearchBuilder
+from specscale.server.settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class SearchStack:
+    pipeline: Pipeline
+    engine_loop: EngineLoop
+    builder: SearchBuilder
+    metrics: ServerMetrics
+    settings: ServerSettings
+
+    @classmethod
+    def build(cls, pipeline_config: PipelineConfig, settings: ServerSettings) -> SearchStack:
+        """Loads both models (the slow part); the engine thread is not started yet."""
+        from specscale.grading import shared_grader
+
+        shared_grader().start()  # votes over non-numeric answers use math-verify: its worker imports while models load
+        pipeline = Pipeline(pipeline_config)
+        metrics = ServerMetrics()
+        engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s)
+        builder = SearchBuilder(pipeline.engine.tokenizer, pipeline.config.system_prompt,
+                                pipeline.engine.max_model_len, pipeline.verifier.format,
+                                pipeline.verifier.max_input_tokens, settings)
+        return cls(pipeline, engine_loop, builder, metrics, settings)
