@@ -66,10 +66,14 @@ class SearchConfig:
     retained). selection: "beam" (global top-k), "dvts" (top-1 per sibling group), "best_of_n"
     (N full samples, one round). speculative: verified candidates are expanded before their round is
     decided, up to speculation_depth rounds ahead of the last decided round. prune_strict /
-    perfect_shortcut: early pruning (SPEC 3.1). dedup: computation deduplication (3.2).
-    verification: "round" (a request's whole round at once), "immediate" (each step as it finishes),
-    "lazy" (queued, flushed on the LV triggers of 3.3), "per_request" (FastTTS: one PRM call per round
-    per request). lookahead / proportional_children: the FastTTS pieces of 3.4.
+    perfect_shortcut: early pruning. dedup: computation deduplication (CD). verification: "round" (a
+    request's whole round at once, batched across requests), "immediate" (each step as it finishes),
+    "lazy" (queued, flushed on the lazy-verification triggers), "per_request" (FastTTS: one PRM call per
+    round per request). lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
+    the FastTTS pieces (LookAhead continuations, children by min-subtracted score, the mean and spread of
+    the share of a continuation's tokens every other retained copy starts from, the per-request valve).
+    filter_duplicates: identical paths compete as one in selection (search-and-learn's option).
+    All of them: docs/design.md.
     """
 
     beam_size: int = 8
@@ -91,8 +95,11 @@ class SearchConfig:
     lv_max_deferrals: int = 6
     lv_max_age_s: float = 2.0
     lookahead: bool = False
-    proportional_children: bool = False
+    dynamic_branching: bool = False
+    lookahead_head_start: float = 0.85
+    lookahead_head_start_std: float = 0.1
     max_live_sequences: int = 256
+    filter_duplicates: bool = False
 
     def __post_init__(self) -> None:
         _check(self.beam_size >= 1, f"beam_size must be >= 1, got {self.beam_size}")
@@ -108,6 +115,9 @@ class SearchConfig:
         _check(self.max_step_tokens >= 1, "max_step_tokens must be >= 1")
         _check(self.speculation_depth >= 1, "speculation_depth must be >= 1")
         _check(self.lv_max_deferrals >= 0, "lv_max_deferrals must be >= 0")
+        _check(0 <= self.lookahead_head_start <= 1, "lookahead_head_start must be in [0, 1]")
+        _check(0 <= self.lookahead_head_start_std <= 1, "lookahead_head_start_std must be in [0, 1]")
+        _check(self.max_live_sequences >= 1, "max_live_sequences must be >= 1")
 
     @property
     def num_retained(self) -> int:

@@ -1,8 +1,7 @@
 """Prompt and step-format constants, and the generator's chat, shared by the tasks, the trainers, the
 verifiers, the search runtime and the server (each is defined here only).
 
-- ``PRM_SYSTEM_PROMPT``: Qwen2.5-Math-PRM's system prompt, verbatim (its model card; the input format:
-  verify/formats.py).
+- ``PRM_SYSTEM_PROMPT``: Qwen2.5-Math-PRM's system prompt, verbatim (model card; docs/design.md, "PRM formats").
 - ``PRM_STEP_TAG``: the PRM's step separator token ``<extra_0>``.
 - ``STEP_SEPARATOR``: ``"\\n\\n"``, the end of a reasoning step in generated text.
 - ``TOY_GENERATOR_SYSTEM_PROMPT``: the system prompt the bundled toy generator was trained with.

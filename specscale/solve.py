@@ -24,6 +24,8 @@ def add_solve(sub) -> None:
     p.add_argument("--beam-width", type=int, default=4)
     p.add_argument("--max-rounds", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--filter-duplicates", action="store_true",
+                   help="identical paths compete as one in selection (search-and-learn's option; docs/design.md)")
     p.add_argument("--generator", default=PipelineConfig.generator)
     p.add_argument("--prm", default=PipelineConfig.prm)
     p.add_argument("--max-concurrency", type=int, default=32)
@@ -40,7 +42,8 @@ def run_solve(args) -> int:
     requests = []
     for i, question in enumerate(questions):
         config = preset_config(args.preset, beam_size=args.beam_size, beam_width=args.beam_width,
-                               max_rounds=args.max_rounds, seed=args.seed * 100_003 + i)
+                               max_rounds=args.max_rounds, seed=args.seed * 100_003 + i,
+                               filter_duplicates=args.filter_duplicates)
         requests.append(pipeline.request(question, config, request_id=f"q{i}"))
     runtime = pipeline.runtime()
     start = time.perf_counter()

@@ -36,9 +36,10 @@ class SearchBackend:
 
 
 def scripted_runtime(max_concurrency: int = 32, step_fn=seeded_step, perfect_rate: float = 0.0,
-                     **options) -> SearchRuntime:
+                     score_levels: int = 10_000, **options) -> SearchRuntime:
     clock = VirtualClock()
-    return SearchRuntime(ScriptedGenerator(clock, step_fn), ScriptedVerifier(clock, perfect_rate=perfect_rate),
+    verifier = ScriptedVerifier(clock, perfect_rate=perfect_rate, score_levels=score_levels)
+    return SearchRuntime(ScriptedGenerator(clock, step_fn), verifier,
                          clock=clock, max_concurrency=max_concurrency, lv_threshold_tokens=SCRIPTED_LV_THRESHOLD,
                          **options)
 

@@ -51,6 +51,13 @@ def run_quick(command: str, models, out, *extra) -> dict:
     return summary
 
 
+def test_full_runs_cover_the_baselines():
+    from specscale.bench import accuracy, throughput
+
+    assert {"dvts", "fasttts", "fasttts-xb", "beam+cd", "ep+cd", "specscale"} <= set(accuracy.FULL["variants"])
+    assert {"fasttts", "fasttts-xb"} <= set(throughput.FULL["variants"])  # best-of-n: accuracy's reference
+
+
 def test_every_subcommand_is_registered():
     assert {"throughput", "latency", "accuracy", "characterize", "sweep_lv", "scaling"} <= set(SUBCOMMANDS)
     choices = build_parser()._subparsers._group_actions[0].choices["bench"]._subparsers._group_actions[0].choices
@@ -98,6 +105,7 @@ def test_accuracy_quick(models, tmp_path):
             assert 0 <= cell["best_accuracy"] <= 1 and 0 <= cell["majority_vote_accuracy"] <= 1
     seeds = {(r["variant"], r["seed"]) for r in json.loads((tmp_path / "raw.json").read_text())["runs"]}
     assert len(seeds) == 5 * 2
+    assert "CD pairing" in (tmp_path / "accuracy.md").read_text()  # specscale's share of beam's paths
 
 
 def test_characterize_quick(models, tmp_path):

@@ -260,3 +260,34 @@ def test_seeded_extend_samples_like_a_seeded_add(engine):
     assert generated(run_until_idle(engine), child) == expected
     for seq_id in (prefix, noise, child):
         engine.abort(seq_id)
+
+
+def lane_paths(engine, root: int) -> list[tuple[int, ...]]:
+    """Run to idle; the token path of every logical copy of the CD row `root`, as a sorted multiset."""
+    paths: dict[int, list[int]] = {root: []}
+    copies: dict[int, int] = {}
+    while engine.has_work():
+        for out in engine.step():
+            if out.parent_id is not None:  # split this iteration: the parent's output came first
+                paths[out.seq_id] = paths[out.parent_id][:-1]
+            paths[out.seq_id] += out.new_token_ids
+            copies[out.seq_id] = out.multiplicity
+        check_blocks(engine)
+    return sorted(tuple(p) for seq_id, p in paths.items() for _ in range(copies[seq_id]))
+
+
+def test_cd_row_with_lane_seeds_samples_what_separate_seeded_rows_sample(qwen2_dir):
+    """Each logical copy of a multiplicity-m row draws from its own lane (docs/design.md, "Seeds"): the m
+    token paths equal those of m separate rows seeded with the lane seeds (old engine: one stream per row)."""
+    seeds = (101, 202, 303, 404, 505, 606)
+    params = SamplingParams(temperature=1.5, max_new_tokens=6, ignore_eos=True, seed=seeds[0])
+    engine = make_engine(qwen2_dir)
+    root = engine.add(PROMPT, params, multiplicity=len(seeds), lane_seeds=seeds)
+    together = lane_paths(engine, root)
+    separate = []
+    for seed in seeds:
+        seq = engine.add(PROMPT, SamplingParams(temperature=1.5, max_new_tokens=6, ignore_eos=True, seed=seed))
+        separate.append(tuple(generated(run_until_idle(engine), seq)))
+    assert together == sorted(separate)
+    assert len(set(separate)) > 1
+    assert engine.block_manager.num_used_blocks == 0

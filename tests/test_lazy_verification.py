@@ -1,12 +1,6 @@
 """Each lazy-verification trigger fires alone: token threshold, sibling group, deferral cap, age cap;
 plus the flush policy for eager and per-request (FastTTS) steps, and the runtime's use of them."""
 
-import random
-from collections import Counter
-
-from scipy.stats import chisquare
-
-from specscale.search.policies import kept_copies
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
@@ -22,7 +16,7 @@ def lazy(tokens=10, group=False, now=0.0, threshold=NEVER, deferrals=NEVER, age=
 
 
 def test_token_threshold_trigger_alone():
-    queue = VerifyQueue(default_threshold_tokens=NEVER)
+    queue = VerifyQueue()
     queue.push(lazy(tokens=30, threshold=64))
     queue.push(lazy(tokens=30, threshold=64))
     assert queue.ready_batch(now=0.0) == []
@@ -31,7 +25,7 @@ def test_token_threshold_trigger_alone():
 
 
 def test_sibling_group_trigger_alone():
-    queue = VerifyQueue(default_threshold_tokens=NEVER)
+    queue = VerifyQueue()
     queue.push(lazy())
     assert queue.ready_batch(now=0.0) == []
     queue.push(lazy(group=True))
@@ -39,7 +33,7 @@ def test_sibling_group_trigger_alone():
 
 
 def test_deferral_cap_trigger_alone():
-    queue = VerifyQueue(default_threshold_tokens=NEVER)
+    queue = VerifyQueue()
     queue.push(lazy(deferrals=6))
     for _ in range(7):  # deferred 0..6 times: not more than the cap of 6 yet
         assert queue.ready_batch(now=0.0) == []
@@ -48,14 +42,14 @@ def test_deferral_cap_trigger_alone():
 
 
 def test_age_cap_trigger_alone():
-    queue = VerifyQueue(default_threshold_tokens=NEVER)
+    queue = VerifyQueue()
     queue.push(lazy(now=10.0, age=0.5))
     assert queue.ready_batch(now=10.4) == []
     assert len(queue.ready_batch(now=10.6)) == 1 and queue.flush_reasons == {"age": 1}
 
 
 def test_eager_steps_batch_across_requests_and_fasttts_steps_per_request():
-    queue = VerifyQueue(default_threshold_tokens=NEVER)
+    queue = VerifyQueue()
     queue.push(QueuedStep("a", 0, None, False, "immediate", 5, 0.0, None, 6, 1.0))
     queue.push(QueuedStep("b", 1, None, False, "round", 5, 0.0, None, 6, 1.0))
     queue.push(lazy(request="c"))
@@ -80,13 +74,10 @@ def test_specscale_runtime_flushes_lazily_with_bigger_batches():
     assert sizes["specscale"] > 1.25 * sizes["ep+cd"]  # fewer, bigger PRM calls
 
 
-def test_thinning_keeps_a_uniform_subset():
-    # Keep 3 of 8 copies that finish as pieces of sizes 5 and 3: how many of the first piece are kept
-    # must follow the hypergeometric law (keep 3 of 8, 5 "marked").
-    rng = random.Random(0)
-    counts = Counter()
-    for _ in range(20_000):
-        counts[kept_copies(rng, 8, 3, 5)] += 1
-    expected = {0: 1 / 56, 1: 15 / 56, 2: 30 / 56, 3: 10 / 56}  # C(5,k)C(3,3-k)/C(8,3)
-    observed = [counts[k] for k in range(4)]
-    assert chisquare(observed, [expected[k] * 20_000 for k in range(4)]).pvalue > 1e-3
+def test_a_requests_threshold_flushes_only_that_requests_steps():
+    """The old queue flushed everyone at the minimum threshold of all queued requests."""
+    queue = VerifyQueue()
+    queue.push(lazy(tokens=30, threshold=50, request="low"))
+    queue.push(lazy(tokens=30, threshold=5000, request="high"))
+    batch = queue.ready_batch(now=0.0)
+    assert [i.request for i in batch] == ["low"] and [i.request for i in queue.items] == ["high"]

@@ -49,7 +49,7 @@ def draw_counts(row: SampleRow, rows_in_batch: int, trials: int, use_kernel: boo
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, 1.0), (0.8, None, 1.0), (1.0, 3, 1.0),
                                                      (1.0, None, 0.7), (1.3, 4, 0.9)])
 def test_draws_fit_the_distribution(temperature, top_k, top_p, use_kernel):
-    counts = draw_counts(SampleRow(temperature, top_p, top_k, 4, None), rows_in_batch=50, trials=40,
+    counts = draw_counts(SampleRow(temperature, top_p, top_k, 4), rows_in_batch=50, trials=40,
                          use_kernel=use_kernel)
     probs = expected_probs(temperature, top_k, top_p)
     support = probs > 0
@@ -67,7 +67,7 @@ def test_filter_keeps_exactly_the_nucleus():
 def test_multi_draw_is_not_one_draw_copied(use_kernel):
     # Across many rows of 4 draws from a near-uniform row, copies would make every row constant.
     sampler = Sampler(torch.Generator().manual_seed(1), use_kernel)
-    rows = [SampleRow(1.0, 1.0, None, 4, None)] * 200
+    rows = [SampleRow(1.0, 1.0, None, 4)] * 200
     draws = sampler(torch.zeros(200, 6), rows)
     constant = sum(len(set(d)) == 1 for d in draws)
     assert constant < 10  # independent draws: P(all 4 equal) = 6 / 6^4 < 0.5%
@@ -75,7 +75,7 @@ def test_multi_draw_is_not_one_draw_copied(use_kernel):
 
 def test_rows_with_different_draw_counts_in_one_batch(use_kernel):
     sampler = Sampler(torch.Generator().manual_seed(2), use_kernel)
-    rows = [SampleRow(1.0, 1.0, None, n, None) for n in (1, 3, 8, 3, 0 + 1)] + [SampleRow(0.0, 1.0, None, 5, None)]
+    rows = [SampleRow(1.0, 1.0, None, n, None) for n in (1, 3, 8, 3, 0 + 1)] + [SampleRow(0.0, 1.0, None, 5)]
     draws = sampler(LOGITS.repeat(6, 1), rows)
     assert [len(d) for d in draws] == [1, 3, 8, 3, 1, 5]
     assert draws[-1] == [0] * 5  # greedy: the argmax, n times
@@ -83,8 +83,8 @@ def test_rows_with_different_draw_counts_in_one_batch(use_kernel):
 
 def test_seeded_rows_reproduce_and_ignore_the_batch(use_kernel):
     def run(extra_rows):
-        gen = torch.Generator().manual_seed(1234)
-        rows = [SampleRow(1.0, 1.0, None, 3, gen)] + [SampleRow(1.0, 1.0, None, 2, None)] * extra_rows
+        lanes = tuple(torch.Generator().manual_seed(1234 + j) for j in range(3))
+        rows = [SampleRow(1.0, 1.0, None, 3, lanes)] + [SampleRow(1.0, 1.0, None, 2)] * extra_rows
         sampler = Sampler(torch.Generator().manual_seed(extra_rows), use_kernel)
         return [sampler(LOGITS.repeat(1 + extra_rows, 1), rows)[0] for _ in range(20)]
 
@@ -92,10 +92,32 @@ def test_seeded_rows_reproduce_and_ignore_the_batch(use_kernel):
     assert run(0) == run(7)  # the seeded row's draws do not depend on what else is in the batch
 
 
+def test_a_laned_row_draws_what_its_lanes_draw_as_separate_rows(use_kernel):
+    """CD pairing (docs/design.md, "Seeds"): draw j of a row of multiplicity 3 comes from lane j alone, so
+    it equals the draw of a multiplicity-1 row seeded like lane j, whatever else is in the batch."""
+    seeds = (11, 22, 33)
+
+    def laned():
+        lanes = tuple(torch.Generator().manual_seed(s) for s in seeds)
+        sampler = Sampler(torch.Generator().manual_seed(5), use_kernel)
+        row = SampleRow(1.0, 1.0, None, 3, lanes)
+        return [sampler(LOGITS.repeat(2, 1), [row, SampleRow(1.0, 1.0, None, 3)])[0] for _ in range(30)]
+
+    def separate():
+        lanes = [torch.Generator().manual_seed(s) for s in seeds]
+        sampler = Sampler(torch.Generator().manual_seed(6), use_kernel)
+        rows = [SampleRow(1.0, 1.0, None, 1, (lane,)) for lane in lanes]
+        return [[d[0] for d in sampler(LOGITS.repeat(3, 1), rows)] for _ in range(30)]
+
+    draws = laned()
+    assert draws == separate()
+    assert any(len(set(d)) > 1 for d in draws)  # the lanes really draw different tokens
+
+
 def test_wide_rows_fit_the_distribution(use_kernel):
     """40 tokens (the kernel's 16-lane loop and its scalar tail), a third of them filtered out by top-k."""
     logits = torch.randn(40, generator=torch.Generator().manual_seed(3)) * 1.5
-    row = SampleRow(1.0, 1.0, 27, 8, None)
+    row = SampleRow(1.0, 1.0, 27, 8)
     sampler = Sampler(torch.Generator().manual_seed(4), use_kernel)
     counts = torch.zeros(40)
     for _ in range(25):

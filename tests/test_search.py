@@ -7,7 +7,7 @@ import pytest
 from search_backends import SMALL, scripted_request, scripted_runtime
 
 from specscale.search.presets import PRESETS, preset_config
-from specscale.sim.scripted_generator import prefix_only_step
+from specscale.sim.scripted_generator import prefix_only_step, seeded_step
 
 
 def logical_paths(result) -> list[tuple[str, int]]:
@@ -24,8 +24,9 @@ def assert_released(runtime) -> None:
     assert not runtime.has_work() and not runtime.can_progress()
 
 
-def run_preset(name, n_requests=4, step_fn=None, perfect_rate=0.0, **overrides):
-    runtime = scripted_runtime(**({} if step_fn is None else {"step_fn": step_fn}), perfect_rate=perfect_rate)
+def run_preset(name, n_requests=4, step_fn=None, perfect_rate=0.0, score_levels=10_000, **overrides):
+    runtime = scripted_runtime(**({} if step_fn is None else {"step_fn": step_fn}), perfect_rate=perfect_rate,
+                               score_levels=score_levels)
     options = dict(beam_size=8, beam_width=4, max_rounds=8, seed=11)
     options.update(overrides)
     requests = [scripted_request(i, preset_config(name, **options), f"r{i}") for i in range(n_requests)]
@@ -149,3 +150,85 @@ def test_a_runtime_driven_tick_by_tick_leaves_nothing_behind_once_idle(search_ba
         while runtime.has_work():
             runtime.step()
         assert generator.num_live_sequences == 0 and generator.kv_usage.used_blocks == 0
+
+
+def two_choice_step(prefix: tuple, seed: int, final: bool) -> list[int]:
+    """Each child writes one of two steps (by its seed's parity): siblings often write the same text, so CD
+    rows carry several lanes and identical paths compete in selection."""
+    return seeded_step(prefix, seed % 2, final)
+
+
+@pytest.mark.parametrize("score_levels", [10_000, 4], ids=["few-ties", "many-ties"])
+@pytest.mark.parametrize("step_fn", [None, two_choice_step], ids=["distinct-steps", "repeated-steps"])
+@pytest.mark.parametrize("plain_preset,cd_preset", [("beam", "beam+cd"), ("ep-strict", "ep+cd")])
+def test_cd_follows_the_plain_variants_paths_round_for_round(plain_preset, cd_preset, step_fn, score_levels):
+    """docs/design.md, "Seeds": each logical child of a CD row samples from its own tree position's seed,
+    so with equal scores CD retains and returns exactly what its plain twin does (the old search keyed a
+    CD piece by its finishing order and thinned speculative copies at random)."""
+    plain, plain_results = run_preset(plain_preset, step_fn=step_fn, score_levels=score_levels)
+    cd, cd_results = run_preset(cd_preset, step_fn=step_fn, score_levels=score_levels)
+    for rid in plain.finished_ids():
+        assert decisions_of(cd, rid) == decisions_of(plain, rid)
+    for a, b in zip(plain_results, cd_results):
+        assert logical_paths(a) == logical_paths(b)
+    assert any(len(decisions_of(plain, rid)) > 2 for rid in plain.finished_ids())
+
+
+def decisions_of(runtime, rid) -> list:
+    """Each decided round's retained paths as (steps, copies), copies of one path merged."""
+    out = []
+    for d in runtime.search(rid).decisions:
+        merged: dict = {}
+        for steps, copies in d.retained:
+            merged[steps] = merged.get(steps, 0) + copies
+        out.append((d.round, sorted(merged.items())))
+    return out
+
+
+@pytest.mark.parametrize("preset", ["beam", "beam+cd", "ep-strict", "ep+cd", "specscale", "fasttts"])
+def test_filter_duplicates_retains_distinct_paths_only_when_asked(preset):
+    """search-and-learn's filter_duplicates: off by default (identical paths may fill the beam), on every
+    beam variant when asked (every decided round retains distinct paths, one copy each)."""
+    def retained_copies(runtime):
+        return [[(steps, n) for steps, n in d.retained] for rid in runtime.finished_ids() for d in runtime.search(rid).decisions]
+
+    default, _ = run_preset(preset, step_fn=two_choice_step)
+    filtered, results = run_preset(preset, step_fn=two_choice_step, filter_duplicates=True)
+    assert any(len({steps for steps, _ in r}) < sum(n for _, n in r) for r in retained_copies(default))
+    for retained in retained_copies(filtered):
+        assert all(n == 1 for _, n in retained) and len({steps for steps, _ in retained}) == len(retained)
+    assert all(r.error is None and r.paths for r in results)
+
+
+def test_strict_pruning_with_filter_duplicates_retains_what_beam_retains():
+    decisions = {}
+    for preset in ("beam", "ep-strict"):
+        runtime, _ = run_preset(preset, step_fn=two_choice_step, filter_duplicates=True, score_levels=4)
+        decisions[preset] = {rid: decisions_of(runtime, rid) for rid in runtime.finished_ids()}
+    assert decisions["beam"] == decisions["ep-strict"]
+
+
+def test_every_preset_is_a_composition_of_policy_objects():
+    from specscale.search.search import Search
+    from specscale.search.selection import BeamSelection, BestOfNSelection, DVTSSelection
+
+    expected = {
+        "beam": (BeamSelection, "round", 0, False, (False, False), False),
+        "beam+cd": (BeamSelection, "round", 0, False, (False, False), True),
+        "best-of-n": (BestOfNSelection, "round", 0, False, (False, False), False),
+        "dvts": (DVTSSelection, "round", 0, False, (False, False), False),
+        "naive-spec": (BeamSelection, "immediate", 1, False, (False, False), False),
+        "fasttts": (BeamSelection, "per_request", 0, True, (False, False), False),
+        "fasttts-xb": (BeamSelection, "round", 0, True, (False, False), False),
+        "ep-strict": (BeamSelection, "immediate", 1, False, (True, False), False),
+        "ep": (BeamSelection, "immediate", 1, False, (True, True), False),
+        "ep+cd": (BeamSelection, "immediate", 1, False, (True, True), True),
+        "specscale": (BeamSelection, "lazy", 1, False, (True, True), True),
+    }
+    assert set(expected) == set(PRESETS)
+    for name, (selection, verification, depth, lookahead, pruning, cd) in expected.items():
+        search = Search(preset_config(name))
+        assert type(search.selection) is selection and search.verification.name == verification
+        assert (search.speculation.eager_depth, search.speculation.lookahead) == (depth, lookahead)
+        assert (search.pruning.strict, search.pruning.perfect_shortcut) == pruning
+        assert search.dedup.computation is cd and not search.dedup.filter_duplicates

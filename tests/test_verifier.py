@@ -12,6 +12,10 @@ from transformers import AutoTokenizer, LlamaForCausalLM, Qwen2Config, Qwen2Mode
 
 from specscale.config import EngineConfig
 from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
+from specscale.search.presets import preset_config
+from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.sim.clock import VirtualClock
+from specscale.sim.scripted_generator import EOS, NEWLINE, ScriptedGenerator, seeded_step
 from specscale.verify import (
     QwenMathPRMFormat,
     RLHFlowFormat,
@@ -78,7 +82,7 @@ def cached_blocks(verifier, question, steps) -> tuple[list[int], int]:
     return list(verifier.engine.get(entry.seq_id).block_table), entry.num_tokens
 
 
-# ---- transformers references (the FORMATS.md formulas over the whole chat, tokenised as a whole) ---
+# ---- transformers references (docs/design.md's "PRM formats" formulas over the whole chat, tokenised as a whole) ---
 @torch.no_grad()
 def qwen_reference_scores(path, question, steps) -> list[float]:
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -368,3 +372,28 @@ def test_closed_verifier_refuses_work(qwen_prm_dir):
     assert engine.block_manager.num_used_blocks == 0
     with pytest.raises(RuntimeError, match="closed"):
         verifier.score([ScoreRequest(QUESTION, STEPS)])
+
+
+def three_step_solution(prefix: tuple, seed: int, final: bool) -> list[int]:
+    """A whole solution in one generation: three lettered steps joined by "\\n\\n", then EOS."""
+    step = seeded_step(prefix, seed, final=True)[:-1]  # letters only
+    return step + [NEWLINE, NEWLINE] + step[::-1] + [NEWLINE, NEWLINE] + step[:2] + [EOS]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_best_of_n_scores_every_step_of_a_whole_solution(family, request):
+    """search-and-learn splits a sampled solution on "\\n\\n" and scores each piece; the old verifier scored
+    best-of-N's whole text (and beam search's final round) as one step."""
+    verifier = make_verifier(prm_dir(request, family))
+    clock = VirtualClock()
+    runtime = SearchRuntime(ScriptedGenerator(clock, three_step_solution), verifier, clock=clock)
+    config = preset_config("best-of-n", beam_size=2, beam_width=2, seed=5)
+    result = runtime.run([SearchRequest(QUESTION, [1, 2, 3], config)])[0]
+    assert result.paths
+    for path in result.paths:
+        pieces = path.text.split("\n\n")
+        assert len(path.steps) == 1 and len(pieces) == 3
+        assert len(path.step_scores) == 3
+        separate = verifier.score([ScoreRequest(QUESTION, pieces)])[0]
+        assert path.step_scores == pytest.approx(separate.step_scores)
+    release(verifier)

@@ -1,4 +1,4 @@
-"""`specscale bench accuracy`: paired-seed accuracy of every variant (SPEC 5, issue 6 item 3).
+"""`specscale bench accuracy`: paired-seed accuracy of every variant (docs/BENCHMARKS.md).
 
 Each repeat is one sampling seed; a problem gets the same seed (`paired_seed`) in every variant, so two
 variants differ only by their policies. Per (variant, beam size): accuracy of the chosen path, of the
@@ -22,12 +22,13 @@ from specscale.bench.common import (
 )
 
 NAME = "accuracy"
-FULL = {"problems": 300, "repeats": 3, "beam_sizes": [8], "max_rounds": 40, "variants": list(LADDER)}
+FULL = {"problems": 300, "repeats": 3, "beam_sizes": [8], "max_rounds": 40, "variants": [*LADDER, "dvts"]}
 QUICK = {"problems": 6, "repeats": 2, "beam_sizes": [4], "max_rounds": 8,
          "variants": ["beam", "naive-spec", "specscale"]}
 SINGLE = "single-sample"
 BEST_OF_N = "best-of-n"
 Z95 = NormalDist().inv_cdf(0.975)
+CD_VARIANTS = ("beam+cd", "ep+cd", "specscale")  # computation deduplication: paired with beam by their seeds
 CI_TARGET = 0.02  # the 95% CI of a variant's difference to beam must lie inside ±2 points
 GAIN_TARGET = 0.15  # beam at N = 8 beats a single sample by at least 15 points
 
@@ -170,10 +171,22 @@ def report(results: dict, targets: list[dict]) -> str:
     header = ["variant", "N", "accuracy %", "weighted vote %", "majority %", "Δ beam (pp)", "95% CI (pp)",
               "same path as beam %"]
     text = "\n## Accuracy (paired seeds; CI over problems)\n\n" + markdown_table(header, rows)
+    pairing = cd_pairing(results)
+    if pairing:
+        rows = [[variant, int(n), 100 * share] for (variant, n), share in pairing.items()]
+        text += ("\n## CD pairing: share of (problem, seed) on which a CD variant chose beam's path\n\n"
+                 + markdown_table(["variant", "N", "same path as beam %"], rows))
     if targets:
         rows = [[t["target"], format_value(t["value"]), "met" if t["met"] else "**missed**"] for t in targets]
         text += "\n## Targets\n\n" + markdown_table(["target", "value", ""], rows)
     return text
+
+
+def cd_pairing(results: dict) -> dict[tuple[str, str], float]:
+    """(CD variant, N) -> share of (problem, seed) pairs where it chose the same path as beam (docs/design.md,
+    "Seeds": given equal logits CD changes only the cost, so this should be close to 100%)."""
+    return {(variant, n): cell["same_best_path_as_beam"] for variant in CD_VARIANTS
+            for n, cell in results.get(variant, {}).items() if "same_best_path_as_beam" in cell}
 
 
 def format_value(value) -> str:

@@ -1,4 +1,4 @@
-"""`specscale bench characterize`: where the time goes and why (SPEC 5, issue 6 item 4).
+"""`specscale bench characterize`: where the time goes and why (docs/BENCHMARKS.md).
 
 1. Waiting at batch size 1: `beam` serving one request at a time; per request, the share of its
    candidates' time spent finished and waiting for the round to be decided (idle / (idle + busy)),

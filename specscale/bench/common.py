@@ -40,7 +40,7 @@ from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.simulation import Simulation
 from specscale.tasks.toy import ToyProblem, is_correct, toy_problems
 
-LADDER = ("beam", "beam+cd", "naive-spec", "fasttts", "ep-strict", "ep", "ep+cd", "specscale")
+LADDER = ("beam", "beam+cd", "naive-spec", "fasttts", "fasttts-xb", "ep-strict", "ep", "ep+cd", "specscale")
 PROBLEM_SET_SEED = 0  # every sub-command draws its problems from the same held-out set
 SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE + i
 DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight

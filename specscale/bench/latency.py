@@ -1,4 +1,4 @@
-"""`specscale bench latency`: open-loop arrivals at a sweep of rates (SPEC 5, issue 6 item 2).
+"""`specscale bench latency`: open-loop arrivals at a sweep of rates (docs/BENCHMARKS.md).
 
 Requests arrive with gamma-distributed gaps of mean 1 / rate; the shape is the burstiness knob
 (1.0 = a Poisson process, below 1 burstier, above 1 more regular), as `vllm bench serve` does. The

@@ -5,7 +5,7 @@ burstiness)), so the mean rate is `--rate` for any burstiness; burstiness 1 is a
 burstier, above 1 more regular; `--rate inf` sends everything at once. Each request is a chat completion
 of a held-out toy question with the chosen preset. The report: request and output-token throughput
 (output = completion tokens of the answered requests), end-to-end latency percentiles, normalized latency
-(end-to-end / completion tokens, SPEC 5) and errors by HTTP status; written as JSON and a Markdown table.
+(end-to-end / completion tokens, docs/BENCHMARKS.md) and errors by HTTP status; written as JSON and a Markdown table.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`specscale bench sweep-lv`: the lazy-verification trade-off (SPEC 3.3, issue 6 item 5).
+"""`specscale bench sweep-lv`: the lazy-verification trade-off (docs/design.md, "Verification").
 
 `specscale` under load (all requests at once) with the flush threshold swept over `--thresholds`
 PRM tokens at the default deferral cap, and the deferral cap swept over `--deferral-caps` at the

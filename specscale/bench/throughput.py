@@ -1,4 +1,4 @@
-"""`specscale bench throughput`: the ablation ladder under load (SPEC 5, issue 6 item 1).
+"""`specscale bench throughput`: the ablation ladder under load (docs/BENCHMARKS.md).
 
 Per repeat, every (variant, beam size) cell serves the same toy problems with the same paired seeds,
 all requests issued at once with at most `--max-concurrency` in flight; the cells run one after the

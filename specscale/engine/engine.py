@@ -7,7 +7,10 @@ max_new_tokens, the context cap, or a stop string. At a stop string it is PAUSED
 A sequence of multiplicity m (computation deduplication) draws m independent tokens per iteration
 from its one logits row; equal draws stay together and each further distinct token forks a child
 sequence of multiplicity = its count. The m logical candidates are distributed exactly like m
-independent sequences.
+independent sequences. A seeded sequence holds one generator per logical copy (its *lanes*, seeded
+with `lane_seeds`): copy j draws only from lane j, and a split hands each child the lanes of its
+draws, so given equal logits a row of multiplicity m samples what its m copies would sample as m
+separate rows seeded alike (docs/design.md, "Seeds").
 
 A prefill-only (readout) sequence computes given tokens and returns the head outputs at requested
 positions (the PRM verifier's path), then pauses so a later call can extend it.
@@ -40,6 +43,7 @@ class SequenceOutput:
     finish_reason: FinishReason | None
     multiplicity: int
     parent_id: int | None = None  # set when this sequence split off parent_id in this iteration (CD)
+    lane_ids: tuple[int, ...] = ()  # which of the logical copies given at add / extend this sequence holds
     readouts: torch.Tensor | None = None  # [positions, head_out] once a readout sequence completes
 
 
@@ -91,8 +95,10 @@ class Engine:
         multiplicity: int = 1,
         readout_positions: list[int] | None = None,
         abort_on_preempt: bool = False,
+        lane_seeds: tuple[int, ...] | None = None,
     ) -> int:
-        """Add a sequence. params=None makes it prefill-only: it returns readouts at readout_positions."""
+        """Add a sequence. params=None makes it prefill-only: it returns readouts at readout_positions.
+        lane_seeds: one sampling seed per logical copy (default: derived from params.seed)."""
         self._check_new_tokens(0, prompt_ids, params, readout_positions)
         if multiplicity < 1:
             raise ValueError(f"multiplicity must be >= 1, got {multiplicity}")
@@ -104,7 +110,8 @@ class Engine:
             priority=priority,
             multiplicity=multiplicity,
             segment_start=len(prompt_ids),
-            generator=self._generator_for(params),
+            lanes=self._lanes_for(params, multiplicity, lane_seeds),
+            lane_ids=list(range(multiplicity)),
             abort_on_preempt=abort_on_preempt,
             readout_positions=list(readout_positions or []),
         )
@@ -122,31 +129,40 @@ class Engine:
         multiplicity: int | None = None,
         readout_positions: list[int] | None = None,
         abort_on_preempt: bool = False,
+        lane_seeds: tuple[int, ...] | None = None,
     ) -> None:
-        """Start the next segment of a PAUSED sequence, after appending token_ids (e.g. more text)."""
+        """Start the next segment of a PAUSED sequence, after appending token_ids (e.g. more text).
+        A seeded segment (params.seed or lane_seeds) samples the same whatever ran before."""
         seq = self._get_paused(seq_id)
         params = params if params is not None else seq.params
         self._check_new_tokens(len(seq), token_ids, params, readout_positions)
         seq.token_ids += token_ids
         seq.usage.prompt_tokens += len(token_ids)
         seq.params = params
-        if params is not None and params.seed is not None:  # a seeded segment samples the same whatever ran before
-            seq.generator = self._generator_for(params)
+        multiplicity = seq.multiplicity if multiplicity is None else multiplicity
+        if lane_seeds is not None or (params is not None and params.seed is not None):
+            seq.lanes = self._lanes_for(params, multiplicity, lane_seeds)
+        elif multiplicity != len(seq.lanes) and seq.lanes:
+            raise ValueError(f"sequence {seq_id} has {len(seq.lanes)} lanes; a multiplicity of {multiplicity} "
+                             "needs lane_seeds")
         seq.segment_start = len(seq.token_ids)
         seq.stop_tail = b""
         seq.finish_reason = None
         seq.readout_positions = list(readout_positions or [])
         seq.abort_on_preempt = abort_on_preempt
         seq.priority = seq.priority if priority is None else priority
-        seq.multiplicity = seq.multiplicity if multiplicity is None else multiplicity
+        seq.multiplicity = multiplicity
+        seq.lane_ids = list(range(multiplicity))
         seq.status = SequenceStatus.RUNNING if seq.block_table else SequenceStatus.WAITING
 
     def fork(self, seq_id: int, n: int, multiplicity: int = 1) -> list[int]:
-        """n new sequences sharing all of seq_id's blocks (no copy until one writes a shared block)."""
+        """n new sequences sharing all of seq_id's blocks (no copy until one writes a shared block).
+        A seeded parent gives each child lanes seeded from draws of its own first lane."""
         parent = self.scheduler.sequences.get(seq_id)
         if parent is None:
             raise KeyError(f"sequence {seq_id} is not live")
-        return [self._fork_one(parent, multiplicity).seq_id for _ in range(n)]
+        return [self._fork_one(parent, list(range(multiplicity)), self._derived_lanes(parent, multiplicity)).seq_id
+                for _ in range(n)]
 
     def pause(self, seq_id: int) -> bool:
         """Stop a generating sequence where it is, keeping its KV; `extend` resumes it. False if not running."""
@@ -196,7 +212,8 @@ class Engine:
         return self._update(batch, result)
 
     def _update(self, batch: ScheduledBatch, result: RunnerOutput | None) -> list[SequenceOutput]:
-        outputs = [SequenceOutput(s.seq_id, [], s.status, s.finish_reason, s.multiplicity) for s in batch.aborted]
+        outputs = [SequenceOutput(s.seq_id, [], s.status, s.finish_reason, s.multiplicity, lane_ids=tuple(s.lane_ids))
+                   for s in batch.aborted]
         sampling: list[Sequence] = []  # generating sequences that reached their last token, in row order
         logit_rows: list[int] = []  # their rows of result.head
         for row, (offset, count) in zip(batch.rows, result.head_rows if result else []):
@@ -234,24 +251,28 @@ class Engine:
 
     def _sample_row(self, seq: Sequence) -> SampleRow:
         p = seq.params
-        return SampleRow(p.temperature, p.top_p, p.top_k, seq.multiplicity, seq.generator)
+        return SampleRow(p.temperature, p.top_p, p.top_k, seq.multiplicity, tuple(seq.lanes))
 
     def _append_draws(self, seq: Sequence, tokens: list[int]) -> list[SequenceOutput]:
-        """Group equal draws; the sequence keeps the first group, each other group forks a child."""
-        groups: dict[int, int] = {}
-        for token in tokens:
-            groups[token] = groups.get(token, 0) + 1
-        (first, first_count), *others = groups.items()
-        targets = [(seq, first, first_count, None)]
-        for token, count in others:
-            targets.append((self._fork_one(seq, count), token, count, seq.seq_id))
-        seq.multiplicity = first_count
+        """Group equal draws; the sequence keeps the first group, each other group forks a child that
+        takes the lanes of its draws."""
+        groups: dict[int, list[int]] = {}  # token -> indices of the draws (lanes) that drew it
+        for j, token in enumerate(tokens):
+            groups.setdefault(token, []).append(j)
+        (first, first_draws), *others = groups.items()
+        targets = [(seq, first, None)]
+        for token, draws in others:
+            lanes = [seq.lanes[j] for j in draws] if seq.lanes else []
+            child = self._fork_one(seq, [seq.lane_ids[j] for j in draws], lanes)
+            targets.append((child, token, seq.seq_id))
+        seq.multiplicity = len(first_draws)
+        seq.lanes = [seq.lanes[j] for j in first_draws] if seq.lanes else []
+        seq.lane_ids = [seq.lane_ids[j] for j in first_draws]
         outputs = []
-        for target, token, count, parent_id in targets:
+        for target, token, parent_id in targets:
             self._append_token(target, token)
-            outputs.append(
-                SequenceOutput(target.seq_id, [token], target.status, target.finish_reason, count, parent_id)
-            )
+            outputs.append(SequenceOutput(target.seq_id, [token], target.status, target.finish_reason,
+                                          target.multiplicity, parent_id, lane_ids=tuple(target.lane_ids)))
         return outputs
 
     def _append_token(self, seq: Sequence, token: int) -> None:
@@ -291,18 +312,19 @@ class Engine:
         return False
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _fork_one(self, parent: Sequence, multiplicity: int) -> Sequence:
+    def _fork_one(self, parent: Sequence, lane_ids: list[int], lanes: list[torch.Generator]) -> Sequence:
         child = Sequence(
             seq_id=next(self._ids),
             token_ids=list(parent.token_ids),
             params=parent.params,
             arrival=next(self._arrivals),
             priority=parent.priority,
-            multiplicity=multiplicity,
+            multiplicity=len(lane_ids),
             status=parent.status,
             segment_start=parent.segment_start,
             stop_tail=parent.stop_tail,
-            generator=self._child_generator(parent),
+            lanes=lanes,
+            lane_ids=lane_ids,
             abort_on_preempt=parent.abort_on_preempt,
             readout_positions=list(parent.readout_positions),
         )
@@ -310,16 +332,28 @@ class Engine:
         self.scheduler.add(child)
         return child
 
-    def _generator_for(self, params: SamplingParams | None) -> torch.Generator | None:
+    def _lanes_for(self, params: SamplingParams | None, multiplicity: int,
+                   lane_seeds: tuple[int, ...] | None) -> list[torch.Generator]:
+        """One generator per logical copy: from lane_seeds, else lane 0 from params.seed and the others
+        from draws of a generator seeded with it; none for an unseeded (or prefill-only) sequence."""
+        if lane_seeds is not None:
+            if len(lane_seeds) != multiplicity:
+                raise ValueError(f"{len(lane_seeds)} lane seeds for multiplicity {multiplicity}")
+            return [self._seeded_generator(seed) for seed in lane_seeds]
         if params is None or params.seed is None:
-            return None
-        return torch.Generator(device=self.config.device).manual_seed(params.seed)
+            return []
+        first = self._seeded_generator(params.seed)
+        return [first] + self._draw_generators(self._seeded_generator(params.seed), multiplicity - 1)
 
-    def _child_generator(self, parent: Sequence) -> torch.Generator | None:
-        if parent.generator is None:
-            return None
-        draw = torch.randint(0, 2**62, (1,), generator=parent.generator, device=parent.generator.device)
-        seed = int(draw)  # deterministic per parent
+    def _derived_lanes(self, parent: Sequence, multiplicity: int) -> list[torch.Generator]:
+        """Lanes of a child forked off parent: seeded by draws from the parent's first lane."""
+        return self._draw_generators(parent.lanes[0], multiplicity) if parent.lanes else []
+
+    def _draw_generators(self, source: torch.Generator, count: int) -> list[torch.Generator]:
+        draws = torch.randint(0, 2**62, (count,), generator=source, device=source.device).tolist()
+        return [self._seeded_generator(seed) for seed in draws]
+
+    def _seeded_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.config.device).manual_seed(seed)
 
     def _get_paused(self, seq_id: int) -> Sequence:

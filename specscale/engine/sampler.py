@@ -11,6 +11,11 @@ index i with probability p_i / sum_j p_j. Filtered-out tokens have p_i = 0 and n
 On CPU with the C++ kernels (`use_cpu_kernel`) the race runs in one pass per draw without materialising
 U (model/csrc/cpu_kernels.cpp: race_sample): U comes from a counter-based generator keyed once per row
 and call from the row's torch generator, so seeded rows still reproduce whatever batch they are in.
+
+Lanes (docs/design.md, "Seeds"): a seeded row of multiplicity m carries m generators, one per logical
+copy; draw j comes from lane j alone, exactly as it would if that copy were its own row of multiplicity 1
+(one key per lane on the kernel path, one U row per lane otherwise). Given equal logits, a deduplicated
+row therefore draws the very tokens its copies would draw as separate rows.
 """
 
 from __future__ import annotations
@@ -28,7 +33,20 @@ class SampleRow:
     top_p: float
     top_k: int | None
     num_draws: int
-    generator: torch.Generator | None  # a seeded sequence's own generator; None -> the engine's
+    lanes: tuple[torch.Generator, ...] = ()  # one generator per draw (a seeded sequence); () -> the engine's
+
+    def __post_init__(self) -> None:
+        if self.lanes and len(self.lanes) != self.num_draws:
+            raise ValueError(f"a row of {self.num_draws} draws needs {self.num_draws} lanes, got {len(self.lanes)}")
+
+
+@dataclass(frozen=True)
+class DrawUnit:
+    """What one race call draws for: `draws` tokens of one row, from one generator (None: the engine's)."""
+
+    row: int  # index into the sampled rows' probabilities
+    draws: int
+    generator: torch.Generator | None
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -82,40 +100,50 @@ class Sampler:
         return logits.softmax(dim=-1)
 
     def _draw(self, probs: torch.Tensor, indices: list[int], rows: list[SampleRow], out) -> None:
-        by_draws: dict[int, list[int]] = {}  # rows grouped by their number of draws n
+        """probs [S, V]: row indices[k]'s distribution at k. A laned row is one unit per lane (one draw
+        each); any other row is one unit of all its draws. Units are raced in groups of equal draws."""
+        units: list[tuple[int, DrawUnit]] = []  # (the row in `rows`, its unit)
         for k, i in enumerate(indices):
-            by_draws.setdefault(rows[i].num_draws, []).append(k)
+            row = rows[i]
+            if row.lanes:
+                units += [(i, DrawUnit(k, 1, lane)) for lane in row.lanes]
+            else:
+                units.append((i, DrawUnit(k, row.num_draws, None)))
+        by_draws: dict[int, list[tuple[int, DrawUnit]]] = {}
+        for item in units:
+            by_draws.setdefault(item[1].draws, []).append(item)
         for n, group in by_draws.items():
-            group_probs = probs if len(group) == len(probs) else probs[group]  # [G, V]
-            for k, drawn in zip(group, self._race(group_probs, [rows[indices[k]] for k in group], n)):
-                out[indices[k]] = drawn
+            rows_of_group = [unit.row for _, unit in group]
+            group_probs = probs if rows_of_group == list(range(len(probs))) else probs[rows_of_group]  # [G, V]
+            for (i, _), drawn in zip(group, self._race(group_probs, [unit for _, unit in group], n)):
+                out[i] += drawn  # lanes in order: draw j of a laned row is lane j's
 
-    def _race(self, probs: torch.Tensor, rows: list[SampleRow], n: int) -> list[list[int]]:
-        """probs [G, V] -> n draws per row, [G][n] token ids."""
+    def _race(self, probs: torch.Tensor, units: list[DrawUnit], n: int) -> list[list[int]]:
+        """probs [G, V] -> n draws per unit, [G][n] token ids."""
         if self.use_cpu_kernel:
-            return cpu_kernels.race_sample(probs.contiguous(), self._keys(rows), n).tolist()
-        uniform = self._uniforms(rows, n, probs.shape[-1], probs.device)  # [G, n, V]
+            return cpu_kernels.race_sample(probs.contiguous(), self._keys(units), n).tolist()
+        uniform = self._uniforms(units, n, probs.shape[-1], probs.device)  # [G, n, V]
         noise = uniform.log_().neg_()  # E = -log(U) ~ Exp(1); U = 0 gives inf: that draw ignores the token
         return (probs[:, None, :] / noise).argmax(dim=-1).tolist()  # [G, n]
 
-    def _keys(self, rows: list[SampleRow]) -> torch.Tensor:
-        """One key per row for the C++ race: a seeded row's from its own generator, the others' from the
+    def _keys(self, units: list[DrawUnit]) -> torch.Tensor:
+        """One key per unit for the C++ race: a seeded unit's from its own generator, the others' from the
         engine's generator in one call."""
-        shared = iter(torch.randint(KEY_RANGE, (len(rows),), generator=self.generator).tolist())
-        keys = [next(shared) if row.generator is None else int(torch.randint(KEY_RANGE, (1,), generator=row.generator))
-                for row in rows]
+        shared = iter(torch.randint(KEY_RANGE, (len(units),), generator=self.generator).tolist())
+        keys = [next(shared) if u.generator is None else int(torch.randint(KEY_RANGE, (1,), generator=u.generator))
+                for u in units]
         return torch.tensor(keys)
 
-    def _uniforms(self, rows: list[SampleRow], n: int, vocab: int, device) -> torch.Tensor:
-        """U ~ Uniform[0, 1) of shape [G, n, V]: a seeded row's from its own generator (so its draws do not
-        depend on the batch it is in), the other rows' from the engine's generator in one call."""
-        uniform = torch.empty((len(rows), n, vocab), device=device)
-        shared = [j for j, row in enumerate(rows) if row.generator is None]
-        for j, row in enumerate(rows):
-            if row.generator is not None:
-                torch.rand((n, vocab), generator=row.generator, device=device, out=uniform[j])
-        if len(shared) == len(rows):
-            return torch.rand((len(rows), n, vocab), generator=self.generator, device=device, out=uniform)
+    def _uniforms(self, units: list[DrawUnit], n: int, vocab: int, device) -> torch.Tensor:
+        """U ~ Uniform[0, 1) of shape [G, n, V]: a seeded unit's from its own generator (so its draws do not
+        depend on the batch it is in), the other units' from the engine's generator in one call."""
+        uniform = torch.empty((len(units), n, vocab), device=device)  # [G, n, V]
+        shared = [j for j, u in enumerate(units) if u.generator is None]
+        for j, u in enumerate(units):
+            if u.generator is not None:
+                torch.rand((n, vocab), generator=u.generator, device=device, out=uniform[j])
+        if len(shared) == len(units):
+            return torch.rand((len(units), n, vocab), generator=self.generator, device=device, out=uniform)
         if shared:
             uniform[shared] = torch.rand((len(shared), n, vocab), generator=self.generator, device=device)
         return uniform

@@ -90,7 +90,8 @@ class Sequence:
     segment_start: int = 0  # index of the first token of the current generation segment
     stop_tail: bytes = b""  # last bytes of the segment's text, for stop strings spanning tokens
     finish_reason: FinishReason | None = None
-    generator: torch.Generator | None = None
+    lanes: list[torch.Generator] = field(default_factory=list)  # seeded: one generator per logical copy
+    lane_ids: list[int] = field(default_factory=lambda: [0])  # the logical copies it holds (indices at add / extend)
     abort_on_preempt: bool = False
     readout_positions: list[int] = field(default_factory=list)  # prefill-only: positions to read
     readouts: list[torch.Tensor] = field(default_factory=list)

@@ -14,6 +14,10 @@ multiplicity m (computation deduplication) may split into at most m rows before 
 its m copies draw different tokens; the operation that starts it reserves the m - 1 ids its split-off
 rows take (`split_ids`, used in order by the whole family), so a split needs no round trip to be named.
 
+Lanes. A seeded sequence of multiplicity m is started with one seed per logical copy (`lane_seeds`); copy
+j is *lane* j and samples only from its own seed, and every update names the lanes its row holds
+(`lane_ids`), so a split row tells which logical children it carries (docs/design.md, "CD lanes", "Seeds").
+
 Batching. Per tick the runtime hands the generator one batch of operations (`apply`), then asks for one
 iteration (`step`) and gets `SequenceUpdate`s keyed by sequence id; operations on a sequence that
 has already ended (it finished in the iteration whose updates the runtime is still reading) are ignored.
@@ -47,6 +51,7 @@ class StartSequence:
     readout_positions: tuple[int, ...] = ()
     abort_on_preempt: bool = False
     split_ids: tuple[SequenceId, ...] = ()
+    lane_seeds: tuple[int, ...] | None = None  # one per logical copy; None: lanes derived from params.seed
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class BranchSequence:
     multiplicity: int = 1
     abort_on_preempt: bool = False
     split_ids: tuple[SequenceId, ...] = ()
+    lane_seeds: tuple[int, ...] | None = None  # one per logical copy; None: lanes derived from params.seed
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,8 @@ class AbortSequence:
 
 @dataclass(frozen=True)
 class PauseSequence:
-    """Stop a generating sequence where it is, keeping its KV (a no-op if it is not generating)."""
+    """Stop a generating sequence where it is, keeping its KV (a no-op if it is not generating): e.g.
+    FastTTS's valve pausing a request's oldest running continuation (docs/design.md, "Speculation")."""
 
     seq_id: SequenceId
 
@@ -100,16 +107,27 @@ class SequenceState(enum.Enum):
     READOUT = "readout"  # a prefill-only sequence computed its tokens; paused with its KV kept
 
 
+class EndReason(enum.Enum):
+    """Why a STOPPED or FINISHED sequence's segment ended (the API's finish_reason)."""
+
+    STOP = "stop"  # a stop string or EOS
+    LENGTH = "length"  # cut by the segment's token cap or the context limit
+
+
 @dataclass(frozen=True)
 class SequenceUpdate:
     """What one iteration did to one sequence. split_from: the sequence this one split off in this
-    iteration (it inherits split_from's segment so far; split_from's own update comes first)."""
+    iteration (it inherits split_from's segment so far; split_from's own update comes first).
+    lane_ids: the logical copies (lanes, numbered as started) this row holds now, multiplicity of them.
+    end_reason: why the segment ended, once the state is STOPPED or FINISHED."""
 
     seq_id: SequenceId
     new_token_ids: tuple[int, ...]
     state: SequenceState
     multiplicity: int
+    lane_ids: tuple[int, ...]
     split_from: SequenceId | None = None
+    end_reason: EndReason = EndReason.STOP
 
 
 # ---- the protocols --------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 It maps the runtime's sequence ids to the engine's and back, turns the runtime's operations into engine
 calls (`add`, `fork` + `extend`, `abort`, `pause`, `resume`, `set_priority`) and the engine's
-`SequenceOutput`s into `SequenceUpdate`s; a row the engine splits off (CD) takes the next id its family
+`SequenceOutput`s (lane ids, finish reasons) into `SequenceUpdate`s; a row the engine splits off (CD) takes the next id its family
 reserved. The engine may run a checkpoint or the simulator's runner (docs/simulator.md).
 """
 
@@ -14,13 +14,14 @@ from specscale.engine.block_manager import KVUsage
 from specscale.engine.engine import Engine, SequenceOutput
 from specscale.engine.sequence import FinishReason, SequenceStatus
 from specscale.search.backend import (
-    AbortSequence, BranchSequence, PauseSequence, PrioritizeSequence, SequenceId, SequenceOp,
+    AbortSequence, BranchSequence, EndReason, PauseSequence, PrioritizeSequence, SequenceId, SequenceOp,
     SequenceState, SequenceUpdate, StartSequence,
 )
 
 ENDED = {FinishReason.READOUT: SequenceState.READOUT, FinishReason.PREEMPTED: SequenceState.LOST}
 BY_STATUS = {SequenceStatus.RUNNING: SequenceState.GENERATING, SequenceStatus.WAITING: SequenceState.GENERATING,
              SequenceStatus.PAUSED: SequenceState.STOPPED, SequenceStatus.FINISHED: SequenceState.FINISHED}
+CUT = {FinishReason.LENGTH, FinishReason.CONTEXT}
 
 
 class EngineBackend:
@@ -63,13 +64,14 @@ class EngineBackend:
     def _start(self, op: StartSequence) -> None:
         engine_id = self.engine.add(list(op.token_ids), op.params, priority=op.priority,
                                     multiplicity=op.multiplicity, readout_positions=list(op.readout_positions),
-                                    abort_on_preempt=op.abort_on_preempt)
+                                    abort_on_preempt=op.abort_on_preempt, lane_seeds=op.lane_seeds)
         self._name(op.seq_id, engine_id, list(op.split_ids))
 
     def _branch(self, op: BranchSequence) -> None:
         engine_id = self.engine.fork(self._to_engine[op.source], 1)[0]
         self.engine.extend(engine_id, op.params, token_ids=list(op.token_ids), priority=op.priority,
-                           multiplicity=op.multiplicity, abort_on_preempt=op.abort_on_preempt)
+                           multiplicity=op.multiplicity, abort_on_preempt=op.abort_on_preempt,
+                           lane_seeds=op.lane_seeds)
         self._name(op.seq_id, engine_id, list(op.split_ids))
 
     def _abort(self, op: AbortSequence) -> None:
@@ -118,4 +120,6 @@ class EngineBackend:
             self._name(family.pop(0), out.seq_id, family)
         seq_id = self._from_engine[out.seq_id]
         state = ENDED.get(out.finish_reason) or BY_STATUS[out.status]
-        return SequenceUpdate(seq_id, tuple(out.new_token_ids), state, out.multiplicity, split_from)
+        end_reason = EndReason.LENGTH if out.finish_reason in CUT else EndReason.STOP
+        return SequenceUpdate(seq_id, tuple(out.new_token_ids), state, out.multiplicity, tuple(out.lane_ids),
+                              split_from, end_reason)

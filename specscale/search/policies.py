@@ -1,10 +1,9 @@
 """Pure decision rules the search composes: aggregation, selection, early-pruning threshold,
-children allocation, seeds and thinning. No state, no I/O."""
+children allocation. No state, no I/O."""
 
 from __future__ import annotations
 
 import math
-import random
 
 from specscale.search.tree import Candidate
 
@@ -22,81 +21,39 @@ def aggregate(step_scores: tuple[float, ...], how: str) -> float:
     return sum(step_scores) / len(step_scores)
 
 
-def rank_key(c: Candidate) -> tuple:
-    """Best first: higher score, then the canonical tree position (timing-independent)."""
-    return (-c.score, c.key)
+def top_k_copies(candidates: list[Candidate], k: int, one_copy_each: bool = False) -> list[tuple[Candidate, int]]:
+    """The k best logical copies, each candidate standing for `multiplicity` of them: [(candidate, copies)]
+    in the rank of their best copy. Copies are ranked one by one, by score then their own tree position,
+    so a CD candidate's copies rank exactly where plain search ranks the separate candidates they stand for
+    (a candidate keeps its lowest-keyed copies). one_copy_each: a candidate counts as one copy."""
+    copies = sorted((-c.score, key, i) for i, c in enumerate(candidates)
+                    for key in (c.lane_keys[:1] if one_copy_each else c.lane_keys))[:k]
+    chosen: dict[int, int] = {}
+    for _, _, i in copies:
+        chosen[i] = chosen.get(i, 0) + 1
+    return [(candidates[i], n) for i, n in chosen.items()]
 
 
-def top_k_copies(candidates: list[Candidate], k: int) -> list[tuple[Candidate, int]]:
-    """The k best logical copies, counting each candidate's multiplicity: [(candidate, copies)]."""
-    chosen, left = [], k
-    for c in sorted(candidates, key=rank_key):
-        if left == 0:
-            break
-        copies = min(c.multiplicity, left)
-        chosen.append((c, copies))
-        left -= copies
-    return chosen
-
-
-def strict_threshold(certain: list[Candidate], k: int) -> float | None:
+def strict_threshold(certain: list[Candidate], k: int, one_copy_each: bool = False) -> float | None:
     """tau = the k-th highest score among candidates certain to be in the round's pool (counting
     multiplicity); None until they hold k copies. A candidate strictly below tau can never be
     among the top k, whatever scores arrive later."""
-    if sum(c.multiplicity for c in certain) < k:
+    if sum(1 if one_copy_each else c.multiplicity for c in certain) < k:
         return None
-    copies = top_k_copies(certain, k)
+    copies = top_k_copies(certain, k, one_copy_each)
     return copies[-1][0].score
 
 
-def cyclic_children(retained: list[tuple[Candidate, int]], slots: int) -> dict[Candidate, int]:
-    """Fill `slots` children by cycling over the retained copies in rank order (search-and-learn's
-    duplication): with k copies retained each gets slots / k."""
-    copies = [c for c, n in retained for _ in range(n)]
-    counts = {c: 0 for c, _ in retained}
-    for i in range(slots):
-        counts[copies[i % len(copies)]] += 1
-    return counts
+def cyclic_children(retained: list[tuple[Candidate, int]], slots: int) -> list[int]:
+    """Children per retained logical copy (copies in rank order): fill `slots` by cycling over them
+    (search-and-learn's duplication); with k copies retained each gets slots / k."""
+    copies = sum(n for _, n in retained)
+    return [slots // copies + (i < slots % copies) for i in range(copies)]
 
 
-def proportional_children(retained: list[tuple[Candidate, int]], slots: int) -> dict[Candidate, int]:
-    """FastTTS: children in proportion to score (floor, then the largest remainders)."""
-    weights = [(c, c.score * n) for c, n in retained]
-    total = sum(w for _, w in weights)
-    if total <= 0:
-        return cyclic_children(retained, slots)
-    quotas = [(c, slots * w / total) for c, w in weights]
-    counts = {c: int(q) for c, q in quotas}
-    by_remainder = sorted(quotas, key=lambda cq: (-(cq[1] - int(cq[1])), cq[0].key))
-    for c, _ in by_remainder[: slots - sum(counts.values())]:
-        counts[c] += 1
-    return counts
-
-
-def kept_copies(rng: random.Random, remaining: int, keep_left: int, piece: int) -> int:
-    """How many of a finishing piece's `piece` copies fall in a uniformly random subset of
-    `keep_left` out of the `remaining` unfinished copies (one hypergeometric draw)."""
-    kept = 0
-    for _ in range(piece):
-        if rng.random() < keep_left / remaining:
-            kept += 1
-            keep_left -= 1
-        remaining -= 1
-    return kept
-
-
-def child_seed(base: int | None, parent_key: tuple[int, ...], index: int) -> int | None:
-    """Sampling seed of the child at `index` under the tree position parent_key (None if unseeded).
-
-    Children of one parent get consecutive seeds, so a CD expansion of m copies starting at index i
-    covers the seeds of the m separate children it replaces.
-    """
-    if base is None:
-        return None
-    x = base & 0xFFFFFFFFFFFFFFFF
-    for part in parent_key:  # splitmix64 over the key
-        x = (x + 0x9E3779B97F4A7C15 + part) & 0xFFFFFFFFFFFFFFFF
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 31
-    return (x >> 4) + index  # stays below 2**62 for torch's manual_seed
+def distinct_paths(candidates: list[Candidate]) -> list[Candidate]:
+    """One candidate per distinct path text, the lowest-keyed (search-and-learn's filter_duplicates)."""
+    first: dict[tuple[str, ...], Candidate] = {}
+    for c in sorted(candidates, key=lambda c: c.key):
+        first.setdefault(tuple(c.steps()), c)
+    return list(first.values())

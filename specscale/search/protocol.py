@@ -16,25 +16,28 @@ from dataclasses import dataclass
 class StepFinished:
     """Physical sequence `handle` of expansion `expansion_id` finished one step.
 
-    multiplicity: logical candidates this finished step stands for (CD; 1 otherwise).
+    lanes: the expansion's logical children this finished step stands for (several with CD, else (0,)).
     completed: the path ended (EOS, step or context cap, or the last round); handle is then None.
+    finish_reason: "stop" (a step delimiter or EOS ended it) or "length" (cut by the step's token cap
+    or the context limit).
     """
 
     expansion_id: int
     handle: int | None
     text: str
     num_tokens: int
-    multiplicity: int
+    lanes: tuple[int, ...]
     completed: bool
     time: float
+    finish_reason: str = "stop"
 
 
 @dataclass(frozen=True)
 class GenerationLost:
-    """A speculative sequence was aborted by the engine (preempted); its logical children are gone."""
+    """A speculative sequence was aborted by the engine (preempted); its logical children (lanes) are gone."""
 
     expansion_id: int
-    multiplicity: int
+    lanes: tuple[int, ...]
     time: float
 
 
@@ -62,9 +65,12 @@ class Expand:
     held by parent_handle (None = the request's prompt).
 
     final_round: generate to EOS instead of stopping at the step delimiter.
-    seed: sampling seed of this expansion (derived from the request seed and its tree position).
+    seeds: one sampling seed per logical child (search/seeds.py; None when the request is unseeded):
+    a child samples from its own seed whether it is its own row or one lane of a CD row.
     lookahead: FastTTS speculative continuation of a step that just finished (lowest priority,
     aborted if preempted) rather than a normal child.
+    head_start_of: FastTTS: the continuation (an expansion id) whose text so far, cut to the request's
+    `lookahead_head_start` share of its tokens, this child starts from (docs/design.md, "FastTTS").
     """
 
     expansion_id: int
@@ -72,8 +78,9 @@ class Expand:
     multiplicity: int
     priority: int
     final_round: bool
-    seed: int | None
+    seeds: tuple[int, ...] | None
     lookahead: bool = False
+    head_start_of: int | None = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specscale.grading import AnswerGrader, extract_answer, shared_grader
-from specscale.search.policies import rank_key
+from specscale.search.policies import top_k_copies
 
 # Votes are counted in the thread that builds the result (the server's engine thread): a comparison
 # that needs math-verify gets this long before it counts as "different answers".
@@ -21,6 +21,7 @@ class CompletedPath:
     answer: str | None
     num_tokens: int
     copies: int  # identical logical paths this entry stands for (CD)
+    finish_reason: str = "stop"  # OpenAI's: "length" when the last step was cut by max_tokens or the context
 
 
 @dataclass
@@ -75,16 +76,14 @@ def votes(paths: list[CompletedPath], grader: AnswerGrader | None = None) -> tup
 
 
 def build_result(finished_pool: list, beam_size: int, rounds: int, error: str | None) -> SearchResult:
-    """The best `beam_size` logical completed paths (candidates of the finished pool, best first)."""
-    paths, left = [], beam_size
-    for c in sorted(finished_pool, key=rank_key):
-        if left == 0:
-            break
-        copies = min(c.multiplicity, left)
-        left -= copies
+    """The best `beam_size` logical completed paths (candidates of the finished pool, best first, copies
+    ranked one by one as `top_k_copies` does)."""
+    paths = []
+    for c, copies in top_k_copies(finished_pool, beam_size):
         steps = tuple(c.steps())
         text = "".join(steps)
-        paths.append(CompletedPath(text, steps, c.step_scores, c.score, extract_answer(text), c.path_tokens(), copies))
+        paths.append(CompletedPath(text, steps, c.step_scores, c.score, extract_answer(text), c.path_tokens(), copies,
+                                   c.finish_reason))
     weighted, majority = votes(paths)
     best = paths[0] if paths else None
     return SearchResult(best.answer if best else None, best, paths, weighted, majority, rounds=rounds, error=error)

@@ -22,6 +22,7 @@ Public surface: `submit`, `cancel`, `step`, `run` (submit and step until done, t
 from __future__ import annotations
 
 import itertools
+import random
 import time as _time
 from collections import deque
 from collections.abc import Callable
@@ -66,6 +67,7 @@ class Physical:
     multiplicity: int = 1
     paused: bool = False  # stopped by a Pause action (FastTTS lookahead), not at a step's end
     tokens: list[int] = field(default_factory=list)
+    origin: int | None = None  # the expansion it was started for (kept once it holds a candidate)
 
 
 @dataclass(eq=False)
@@ -120,7 +122,8 @@ class SearchRuntime:
         self.verifier = verifier
         self.clock = clock
         self.max_concurrency = max_concurrency
-        self.queue = VerifyQueue(lv_threshold_tokens)
+        self.lv_threshold_tokens = lv_threshold_tokens
+        self.queue = VerifyQueue()
         self.metrics = RunMetrics()
         self.waiting: deque[RequestState] = deque()
         self.active: dict[str, RequestState] = {}
@@ -288,7 +291,7 @@ class SearchRuntime:
             if parent is None:
                 continue
             child = Physical(parent.request, parent.expansion_id, parent.speculative, self.clock(),
-                             update.multiplicity, parent.paused, list(parent.tokens))
+                             update.multiplicity, parent.paused, list(parent.tokens), parent.origin)
             self.physical[update.seq_id] = child
             parent.request.expansion_seqs.setdefault(parent.expansion_id, set()).add(update.seq_id)
 
@@ -307,7 +310,7 @@ class SearchRuntime:
         state.expansion_seqs.get(expansion, set()).discard(update.seq_id)
         if update.state == SequenceState.LOST:  # the backend freed it already
             self._account_cancelled(self.physical.pop(update.seq_id))
-            self._apply(state, state.search.on(GenerationLost(expansion, update.multiplicity, now)))
+            self._apply(state, state.search.on(GenerationLost(expansion, update.lane_ids, now)))
             return
         completed = update.state == SequenceState.FINISHED
         if completed:
@@ -317,7 +320,7 @@ class SearchRuntime:
             state.held.add(update.seq_id)
         text = self.generator.decode(phys.tokens)
         event = StepFinished(expansion, None if completed else update.seq_id, text, len(phys.tokens),
-                             update.multiplicity, completed, now)
+                             update.lane_ids, completed, now, update.end_reason.value)
         self._apply(state, state.search.on(event))
 
     def _on_prefix_ready(self, state: RequestState) -> None:
@@ -350,9 +353,14 @@ class SearchRuntime:
         config = state.config
         self.queue.push(QueuedStep(
             state, action.candidate, request, action.completes_group, config.verification,
-            self.verifier.tokens_to_compute(request), self.clock(), config.lv_threshold_tokens,
+            self.verifier.tokens_to_compute(request), self.clock(), self._lv_threshold(config),
             config.lv_max_deferrals, config.lv_max_age_s,
         ))
+
+    def _lv_threshold(self, config: SearchConfig) -> int:
+        """The one place a request's lazy-verification threshold is resolved: its own override, else the
+        runtime's (the profiled knee of this PRM and device, or the pipeline's default)."""
+        return config.lv_threshold_tokens if config.lv_threshold_tokens is not None else self.lv_threshold_tokens
 
     # ---- actions --------------------------------------------------------------------------------------
     def _apply(self, state: RequestState, actions: list, notify: bool = True) -> None:
@@ -403,30 +411,41 @@ class SearchRuntime:
         if action.parent_handle is None and state.prefix_seq is not None:
             state.deferred.append(action)  # round 0 waits until the prompt is prefilled
             return
-        if action.lookahead and len(self.physical) >= state.config.max_live_sequences:
-            lost = GenerationLost(action.expansion_id, action.multiplicity, self.clock())
-            self._apply(state, state.search.on(lost))
-            return
         self._start_expansion(state, action)
 
     def _start_expansion(self, state: RequestState, action: Expand) -> None:
         config = state.config
         params = SamplingParams(
-            temperature=config.temperature, top_p=config.top_p, seed=action.seed,
+            temperature=config.temperature, top_p=config.top_p, seed=action.seeds[0] if action.seeds else None,
             max_new_tokens=config.max_step_tokens, stop=() if action.final_round else (STEP_SEPARATOR,),
         )
         seq, split_ids = self._new_sequence(action.multiplicity)
         source = action.parent_handle if action.parent_handle is not None else state.prefix_seq
+        head = self._head_start(state, action)
         if source is None:  # a one-token prompt: nothing to share
             self._ops.append(StartSequence(seq, tuple(state.request.prompt_ids), params, action.priority,
-                                           action.multiplicity, (), action.lookahead, split_ids))
+                                           action.multiplicity, (), action.lookahead, split_ids, action.seeds))
         else:
             extra = (state.request.prompt_ids[-1],) if action.parent_handle is None else ()
-            self._ops.append(BranchSequence(seq, source, params, extra, action.priority, action.multiplicity,
-                                            action.lookahead, split_ids))
+            self._ops.append(BranchSequence(seq, source, params, extra + tuple(head), action.priority,
+                                            action.multiplicity, action.lookahead, split_ids, action.seeds))
         self.physical[seq] = Physical(state, action.expansion_id, action.priority < 0, self.clock(),
-                                      action.multiplicity)
+                                      action.multiplicity, tokens=list(head), origin=action.expansion_id)
         state.expansion_seqs.setdefault(action.expansion_id, set()).add(seq)
+
+    def _head_start(self, state: RequestState, action: Expand) -> list[int]:
+        """FastTTS's truncation of a duplicate's head start: of the tokens the continuation
+        `action.head_start_of` has written so far, keep a share r ~ Normal(lookahead_head_start,
+        lookahead_head_start_std) clipped to [0, 1] -- at least one token, and at least one token fewer
+        than written (docs/design.md, "Speculation"). r is drawn from the child's own seed."""
+        if action.head_start_of is None:
+            return []
+        written = max((p.tokens for p in self.physical.values()
+                       if p.request is state and p.origin == action.head_start_of), key=len, default=[])
+        config = state.config
+        draw = random.Random(action.seeds[0] if action.seeds else action.expansion_id)
+        share = min(max(draw.gauss(config.lookahead_head_start, config.lookahead_head_start_std), 0.0), 1.0)
+        return written[: min(max(int(share * len(written)), 1), len(written) - 1)]
 
     def _cancel(self, state: RequestState, action: Cancel) -> None:
         for expansion in action.expansions:

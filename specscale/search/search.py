@@ -1,25 +1,24 @@
-"""One request's search as a state machine: `on(event) -> actions`, sans I/O.
+"""One request's search as a state machine: `on(event) -> actions`, sans I/O (docs/design.md).
 
-Reference semantics (SPEC 2): round r's candidates each finish one step; the PRM scores them;
-completed paths go to the finished pool; of the rest the top k = N / M are retained and each gets
-M children, so the next round again has N candidates; stop once N paths completed or after the last
-round. Variants switch policies on this one machine (SPEC 3):
+Round r's candidates each finish one step; the PRM scores them; the round is decided by the selection
+policy (`search/selection.py`: beam, best-of-N, DVTS), which says which paths complete, which logical
+copies are retained and how many children each gets. A variant is a composition of policy objects built
+from its `SearchConfig` (a preset line in `search/presets.py`):
 
-- speculative: a verified candidate is expanded at once (up to `speculation_depth` rounds ahead of
-  the last decided round); when its round is decided, the losers' descendants are cancelled.
-- prune_strict: tau = k-th best score among candidates certain to be in the current round's pool;
-  anything strictly below tau is cancelled with its descendants (never changes the retained set).
-- perfect_shortcut: k certain candidates at score 1.0 close the round at once.
-- dedup: children of one parent are one expansion of multiplicity M; finished steps carry their
-  multiplicity, are verified once and count that many times in selection.
-- lookahead (FastTTS): a real candidate that finishes keeps decoding its next step at the lowest
-  priority; when retained, that continuation becomes one of its children.
+- verification (`search/verification.py`): a step goes to the PRM as it finishes, or a round at once;
+- speculation (`search/speculation.py`): none, eager expansion of verified candidates (naive-spec, EP),
+  or FastTTS's LookAhead continuations with head starts and a per-request valve;
+- pruning (`search/pruning.py`): the strict early-pruning threshold and the perfect-score shortcut;
+- dedup (`search/dedup.py`): computation deduplication (one expansion per parent, one lane per logical
+  child) and search-and-learn's duplicate filtering.
+
+Every logical child has a canonical tree position (its key) and samples from that position's seed
+(`search/seeds.py`), whether it is its own engine row or a lane of a CD row.
 """
 
 from __future__ import annotations
 
 import itertools
-import random
 from dataclasses import dataclass
 
 from specscale.config import SearchConfig
@@ -29,6 +28,12 @@ from specscale.search.protocol import (
     StepFinished, Verify,
 )
 from specscale.search.result import SearchResult, build_result
+from specscale.search.seeds import seeds_of
+from specscale.search.dedup import make_dedup
+from specscale.search.pruning import make_pruning
+from specscale.search.selection import make_selection
+from specscale.search.speculation import make_speculation
+from specscale.search.verification import VERIFICATIONS
 from specscale.search.tree import Candidate, CandidateState, Expansion, Round, Subtree
 
 LOOKAHEAD_PRIORITY = -100
@@ -50,9 +55,12 @@ class Search:
     def __init__(self, config: SearchConfig):
         self.config = config
         self.k = config.num_retained
-        # the round that generates to EOS: best-of-N samples whole solutions in round 0
-        self.last_round = 0 if config.selection == "best_of_n" else config.max_rounds - 1
-        self.rng = random.Random(config.seed or 0)  # thinning draws only
+        self.selection = make_selection(config)
+        self.verification = VERIFICATIONS[config.verification]
+        self.speculation = make_speculation(config)
+        self.pruning = make_pruning(config)
+        self.dedup = make_dedup(config)
+        self.last_round = self.selection.last_round()  # the round that generates to EOS
         self.rounds: list[Round] = []
         self.expansions: dict[int, Expansion] = {}
         self.candidates: dict[int, Candidate] = {}
@@ -65,10 +73,11 @@ class Search:
         self._verify_order = itertools.count()
         self.round_waiting: list[tuple[float, float]] = []  # per decided round: (idle, busy) seconds
         self.decisions: list[Decision] = []  # what each decided round retained (tests, tracing)
+        self.lookaheads_cut: list[int] = []  # expansions force-finished by the FastTTS valve, in order
 
     # ---- entry points ---------------------------------------------------------------------------
     def start(self, time: float) -> list:
-        return self._expand(None, 0, self.config.beam_size, time)
+        return self._expand(None, 0, [(i,) for i in range(self.config.beam_size)], time)
 
     def on(self, event) -> list:
         if self.done:
@@ -86,26 +95,25 @@ class Search:
         e = self.expansions[ev.expansion_id]
         if e.cancelled:
             return [Release((ev.handle,))] if ev.handle is not None else []
-        kept = self._thin(e, ev.multiplicity)
-        e.remaining -= ev.multiplicity
+        kept = tuple(j for j in ev.lanes if j in e.kept)
+        e.pending -= set(ev.lanes)
         actions = [] if e.keep_left else self._stop_generating(e)
-        if kept == 0:
+        if not kept:
             return ([Release((ev.handle,))] if ev.handle is not None else []) + actions + self._progress(e, ev.time)
         c = self._new_candidate(e, ev, kept)
         if c.completed and c.handle is not None:  # an empty step ends the path; nothing continues it
             actions.append(Release((c.handle,)))
             c.handle = None
-        if self.config.verification in ("immediate", "lazy"):
+        if self.verification.per_step:
             actions.append(self._verify(c, completes_group=self._group_complete(e)))
         actions += self._start_lookahead(c, ev.time)
         return actions + self._progress(e, ev.time)
 
     def _on_lost(self, ev: GenerationLost) -> list:
         e = self.expansions[ev.expansion_id]
-        e.remaining -= ev.multiplicity
-        e.keep_left = min(e.keep_left, e.remaining)
-        e.multiplicity -= ev.multiplicity
-        if e.multiplicity == 0:
+        e.pending -= set(ev.lanes)
+        e.kept -= set(ev.lanes)
+        if not e.kept:
             e.cancelled = True
         return self._progress(e, ev.time)
 
@@ -120,7 +128,7 @@ class Search:
         if ev.error is not None:  # e.g. the path no longer fits the PRM: finished with what it has
             c.completed = True
             actions += self._release([c])
-        if self.config.prune_strict and c.round == self.last_decided + 1:
+        if self.pruning.strict and c.round == self.last_decided + 1:
             actions += self._prune_below_threshold(self.rounds[c.round])
         if c.alive and not c.completed:
             actions += self._speculate(c, ev.time)
@@ -136,7 +144,7 @@ class Search:
         rd = self.rounds[e.round]
         if self._round_generated(rd):
             actions += self._pause_lookaheads(rd)
-            if self.config.verification in ("round", "per_request") and rd.index == self.last_decided + 1:
+            if not self.verification.per_step and rd.index == self.last_decided + 1:
                 actions += self._verify_round(rd)
         return actions + self._try_decide(time)
 
@@ -147,7 +155,7 @@ class Search:
         """Round-at-once verification (plus FastTTS LookAhead: finished continuations of this round's
         candidates are scored in the same call)."""
         pending = [c for c in rd.candidates if c.alive and c.verified_order is None and not c.verify_sent]
-        if self.config.lookahead and rd.index + 1 < len(self.rounds):
+        if self.speculation.lookahead and rd.index + 1 < len(self.rounds):
             ahead = self.rounds[rd.index + 1].candidates
             pending += [c for c in ahead if c.alive and c.verified_order is None and not c.verify_sent]
         return [self._verify(c, completes_group=True) for c in pending]
@@ -164,7 +172,7 @@ class Search:
         actions = []
         while not self.done and self.last_decided + 1 < len(self.rounds):
             rd = self.rounds[self.last_decided + 1]
-            shortcut = self._perfect_scores(rd) if self.config.perfect_shortcut else None
+            shortcut = self._perfect_scores(rd) if self.pruning.perfect_shortcut else None
             if shortcut is None and not self._round_ready(rd):
                 break
             actions += self._decide(rd, shortcut, time)
@@ -188,41 +196,41 @@ class Search:
 
     def _prune_below_threshold(self, rd: Round) -> list:
         scored = [c for c in rd.live_candidates() if c.state == SCORED and not c.completed]
-        tau = policies.strict_threshold(scored, self.k)  # every one of them is certain: parents decided
+        distinct = self.dedup.filter_duplicates
+        eligible = policies.distinct_paths(scored) if distinct else scored
+        tau = policies.strict_threshold(eligible, self.k, distinct)  # every one of them is certain: parents decided
         if tau is None:
             return []
         return self._drop([c for c in scored if c.score < tau])
 
     def _decide(self, rd: Round, shortcut, time: float) -> list:
         actions = self._close_early(rd, shortcut) if shortcut is not None else []
-        live = rd.live_candidates()
-        for c in live:
-            if c.completed:
-                c.state = COMPLETED
-                self.finished_pool.append(c)
-        active = [c for c in live if not c.completed]
+        verdict = self.selection.decide(rd.live_candidates(), self.finished_pool, rd.index == self.last_round)
+        for c in verdict.completed:
+            c.state, c.completed = COMPLETED, True
+            self.finished_pool.append(c)
+        actions += self._release(verdict.completed)
         rd.decided, self.last_decided = True, rd.index
         self._record_waiting(rd, time)
-        enough = sum(c.multiplicity for c in self.finished_pool) >= self.config.beam_size
-        if enough or rd.index == self.last_round or not active:
+        if verdict.done:
             return actions + self._finish(time)
-        retained = shortcut or self._select(active)
+        retained = shortcut or verdict.retained
+        kept = {c for c, _ in retained}
+        actions += self._drop([c for c in verdict.dropped + [c for c, _ in verdict.retained] if c not in kept])
         finished = sum(c.multiplicity for c in rd.candidates if c.parent is None or c.parent.state == RETAINED)
         self.decisions.append(Decision(rd.index, tuple((tuple(c.steps()), n) for c, n in retained),
                                        finished, shortcut is not None, retained[0][0].score))
-        kept = {c for c, _ in retained}
-        actions += self._drop([c for c in active if c not in kept])
-        counts = self._children_counts(retained)
+        children = self._children_keys(retained)
         for c, copies in retained:
             c.state, c.retained_copies = RETAINED, copies
-            actions += self._reconcile_children(c, counts[c], time)
+            actions += self._reconcile_children(c, children[c], time)
         actions += self._release([c for c, _ in retained])
         actions += self._reprioritize()
         next_round = self.rounds[rd.index + 1]
-        if self.config.prune_strict:
+        if self.pruning.strict:
             actions += self._prune_below_threshold(next_round)
         actions += self._speculate_eligible(time)
-        if self.config.verification in ("round", "per_request") and self._round_generated(next_round):
+        if not self.verification.per_step and self._round_generated(next_round):
             actions += self._verify_round(next_round)
         return actions
 
@@ -232,21 +240,12 @@ class Search:
         stopped = [a for e in rd.live_expansions() for a in self._stop_generating(e)]
         return stopped + self._drop(losers)
 
-    def _select(self, active: list[Candidate]) -> list[tuple[Candidate, int]]:
-        if self.config.selection != "dvts":
-            return policies.top_k_copies(active, self.k)
-        groups: dict[tuple, list[Candidate]] = {}
-        for c in active:
-            group = c.parent.key if c.parent is not None else (c.key[0] // self.config.beam_width,)
-            groups.setdefault(group, []).append(c)
-        return [policies.top_k_copies(members, 1)[0] for _, members in sorted(groups.items())]
-
-    def _children_counts(self, retained) -> dict[Candidate, int]:
-        if self.config.selection == "dvts":
-            return {c: self.config.beam_width for c, _ in retained}
-        if self.config.proportional_children:
-            return policies.proportional_children(retained, self.config.beam_size)
-        return policies.cyclic_children(retained, self.config.beam_size)
+    def _children_keys(self, retained) -> dict[Candidate, list]:
+        """The tree positions of each retained candidate's children: copy ℓ of c (its lane key) gets
+        count_ℓ children at lane_key + (0,) .. lane_key + (count_ℓ - 1,)."""
+        per_copy = iter(self.selection.children(retained))
+        return {c: [key + (i,) for key in c.lane_keys[:copies] for i in range(next(per_copy))]
+                for c, copies in retained}
 
     def _record_waiting(self, rd: Round, time: float) -> None:
         idle = busy = 0.0
@@ -261,27 +260,28 @@ class Search:
         return min((e.created_at for e in rd.expansions), default=0.0)
 
     # ---- expansions -------------------------------------------------------------------------------
-    def _expand(self, parent: Candidate | None, round_index: int, count: int, time: float) -> list:
-        """count more logical children of parent: one expansion (CD) or count expansions of one."""
-        if count <= 0:
+    def _expand(self, parent: Candidate | None, round_index: int, child_keys: list, time: float,
+                head_start: Expansion | None = None) -> list:
+        """These logical children of parent: one expansion (CD) or one expansion per child; head_start: a
+        FastTTS continuation whose text so far (truncated) each of them starts from."""
+        if not child_keys:
             return []
-        sizes = [count] if self.config.dedup else [1] * count
-        return [Expand(*self._expand_fields(self._new_expansion(parent, round_index, size, time)))
-                for size in sizes]
+        groups = self.dedup.expansions(child_keys)
+        expansions = [self._new_expansion(parent, round_index, keys, time) for keys in groups]
+        for e in expansions:
+            e.head_start_of = head_start.id if head_start is not None else None
+        return [Expand(*self._expand_fields(e), e.head_start_of) for e in expansions]
 
     def _expand_fields(self, e: Expansion) -> tuple:
         parent_handle = e.parent.handle if e.parent is not None else None
         final = e.round == self.last_round
-        return (e.id, parent_handle, e.multiplicity, e.priority, final, e.seed, e.lookahead)
+        return (e.id, parent_handle, e.multiplicity, e.priority, final, e.seeds, e.lookahead)
 
-    def _new_expansion(self, parent, round_index: int, size: int, time: float, lookahead=False) -> Expansion:
+    def _new_expansion(self, parent, round_index: int, child_keys: tuple, time: float, lookahead=False) -> Expansion:
         while len(self.rounds) <= round_index:
             self.rounds.append(Round(len(self.rounds)))
-        siblings = parent.children if parent is not None else self.rounds[0].expansions
-        index = sum(s.multiplicity for s in siblings)
-        parent_key = parent.key if parent is not None else ()
-        e = Expansion(next(self._ids), parent, round_index, parent_key + (index,), size,
-                      policies.child_seed(self.config.seed, parent_key, index), time, lookahead=lookahead)
+        seeds = seeds_of(self.config.seed, child_keys)
+        e = Expansion(next(self._ids), parent, round_index, child_keys, seeds, time, lookahead=lookahead)
         e.priority = LOOKAHEAD_PRIORITY if lookahead else self._priority(e)
         self.expansions[e.id] = e
         self.rounds[round_index].expansions.append(e)
@@ -296,11 +296,12 @@ class Search:
         return -max(e.round - (self.last_decided + 1), 0)
 
     def _speculate(self, c: Candidate, time: float) -> list:
-        if not self.config.speculative or c.children or c.round >= self.last_round:
+        if c.children or c.round >= self.last_round:
             return []
-        if c.round + 1 - (self.last_decided + 1) > self.config.speculation_depth:
+        if not self.speculation.expands_early(c.round, self.last_decided):
             return []
-        return self._expand(c, c.round + 1, c.multiplicity * self.config.beam_width, time)
+        width = range(self.config.beam_width)
+        return self._expand(c, c.round + 1, [key + (i,) for key in c.lane_keys for i in width], time)
 
     def _speculate_eligible(self, time: float) -> list:
         actions = []
@@ -310,53 +311,48 @@ class Search:
                     actions += self._speculate(c, time)
         return actions
 
-    def _reconcile_children(self, c: Candidate, wanted: int, time: float) -> list:
-        """Make c's children add up to `wanted` logical copies: create the missing ones, thin the excess
-        (speculation may have started more), resume a paused FastTTS continuation."""
-        children = [e for e in c.children if not e.cancelled]
-        have = sum(e.multiplicity for e in children)
+    def _reconcile_children(self, c: Candidate, wanted: list, time: float) -> list:
+        """Make c's children exactly the logical children at tree positions `wanted`: keep those already
+        started (speculation), drop the others' lanes, start the missing ones, resume a paused FastTTS
+        continuation."""
+        wanted_keys = set(wanted)
+        have: set = set()
         actions = []
-        for e in sorted(children, key=lambda e: e.key, reverse=True):  # youngest first
-            if have <= wanted:
-                break
-            drop = min(have - wanted, e.multiplicity)
-            actions += self._shrink(e, e.multiplicity - drop)
-            have -= drop
-        for e in children:
+        head_start = None  # FastTTS: every other child starts from the continuation's text, truncated
+        for e in [e for e in c.children if not e.cancelled]:
+            keep = {j for j in e.kept if e.child_keys[j] in wanted_keys}
+            if keep != e.kept:
+                actions += self._shrink(e, keep)
+            have |= {e.child_keys[j] for j in keep}
             if e.lookahead and not e.cancelled:
-                e.lookahead = False
-                e.priority = 0
-                if e.paused and e.live:
-                    e.paused = False
-                    actions.append(Resume((e.id,), 0))
-        return actions + self._expand(c, c.round + 1, wanted - have, time)
+                actions += self._promote_lookahead(e)
+                head_start = e
+        missing = [key for key in wanted if key not in have]
+        return actions + self._expand(c, c.round + 1, missing, time, head_start)
 
-    def _shrink(self, e: Expansion, target: int) -> list:
-        """Keep a uniformly random `target` of e's logical copies (finished pieces included)."""
-        if target == 0:
+    def _promote_lookahead(self, e: Expansion) -> list:
+        e.lookahead = False
+        e.priority = 0
+        if e.paused and e.live:
+            e.paused = False
+            return [Resume((e.id,), 0)]
+        return []
+
+    def _shrink(self, e: Expansion, keep: set[int]) -> list:
+        """Keep only lanes `keep` of e: finished pieces lose their other lanes, generating ones are
+        ignored when they finish (or stopped when no kept lane is left)."""
+        if not keep:
             return self._cancel_expansions([e])
-        total, keep = e.multiplicity - e.remaining + e.keep_left, target
+        e.kept = set(keep)
         actions = []
         for c in e.finished:
-            if not c.alive:
-                total -= c.multiplicity
-                continue
-            kept = policies.kept_copies(self.rng, total, keep, c.multiplicity)
-            total, keep = total - c.multiplicity, keep - kept
-            if kept == 0:
-                actions += self._drop([c])
-            c.multiplicity = kept or c.multiplicity
-        e.keep_left = min(keep, e.remaining)
-        e.multiplicity = target
+            if c.alive:
+                lanes = tuple(j for j in c.lanes if j in keep)
+                if lanes:
+                    c.lanes = lanes
+                else:
+                    actions += self._drop([c])
         return actions + ([] if e.keep_left else self._stop_generating(e))
-
-    def _thin(self, e: Expansion, piece: int) -> int:
-        if e.keep_left >= e.remaining:
-            e.keep_left -= piece
-            return piece
-        kept = policies.kept_copies(self.rng, e.remaining, e.keep_left, piece)
-        e.keep_left -= kept
-        return kept
 
     def _reprioritize(self) -> list:
         changed: dict[int, list[int]] = {}
@@ -371,14 +367,33 @@ class Search:
     # ---- FastTTS lookahead -------------------------------------------------------------------------
     def _start_lookahead(self, c: Candidate, time: float) -> list:
         certain = c.parent is None or c.parent.state == RETAINED
-        if not self.config.lookahead or c.completed or not certain or c.round >= self.last_round:
+        if not self.speculation.lookahead or c.completed or not certain or c.round >= self.last_round:
             return []
-        e = self._new_expansion(c, c.round + 1, 1, time, lookahead=True)
-        return [Expand(*self._expand_fields(e))]
+        actions = self._make_room_for_lookahead()
+        e = self._new_expansion(c, c.round + 1, (c.key + (0,),), time, lookahead=True)
+        e.started_as_lookahead = True
+        return actions + [Expand(*self._expand_fields(e))]
+
+    def _make_room_for_lookahead(self) -> list:
+        """FastTTS's valve, per request: running plus speculative beams stay below max_live_sequences; on
+        overflow the oldest running lookaheads are force-finished (paused with their text so far, which
+        still counts as the head start of their parent's children) rather than refusing the new one."""
+        running = [e for e in self.expansions.values() if e.live and not e.paused]
+        excess = sum(e.keep_left for e in running) + 1 - self.config.max_live_sequences
+        oldest = sorted((e for e in running if e.lookahead), key=lambda e: e.id)
+        cut = []
+        for e in oldest:
+            if excess <= 0:
+                break
+            e.paused = True
+            cut.append(e.id)
+            excess -= e.keep_left
+        self.lookaheads_cut += cut
+        return [Pause(tuple(cut))] if cut else []
 
     def _pause_lookaheads(self, rd: Round) -> list:
         """The round's last real step finished: its candidates' continuations stop for now."""
-        if not self.config.lookahead or rd.index + 1 >= len(self.rounds):
+        if not self.speculation.lookahead or rd.index + 1 >= len(self.rounds):
             return []
         running = [e for e in self.rounds[rd.index + 1].expansions if e.lookahead and e.live and not e.paused]
         for e in running:
@@ -396,7 +411,7 @@ class Search:
         """Abort e's pieces still generating; its finished pieces stay."""
         if not e.remaining or e.cancelled:
             return []
-        e.remaining = e.keep_left = 0
+        e.pending = set()
         return [Cancel((e.id,), ())]
 
     def _cancel_expansions(self, group: list[Expansion]) -> list:
@@ -411,10 +426,10 @@ class Search:
             c.handle = None
         return [Release(tuple(handles))] if handles else []
 
-    def _new_candidate(self, e: Expansion, ev: StepFinished, kept: int) -> Candidate:
+    def _new_candidate(self, e: Expansion, ev: StepFinished, lanes: tuple[int, ...]) -> Candidate:
         completed = ev.completed or not ev.text.strip() or e.round == self.last_round
-        c = Candidate(next(self._ids), ev.handle, e, e.key + (len(e.finished),), ev.text, ev.num_tokens, kept,
-                      completed, ev.time, next(self._finish_order))
+        c = Candidate(next(self._ids), ev.handle, e, lanes, ev.text, ev.num_tokens, completed, ev.time,
+                      next(self._finish_order), finish_reason=ev.finish_reason)
         e.finished.append(c)
         self.candidates[c.id] = c
         self.rounds[e.round].candidates.append(c)

@@ -20,32 +20,57 @@ class CandidateState(enum.Enum):
     DROPPED = "dropped"  # not retained, pruned, cancelled or discarded
 
 
+Key = tuple[int, ...]
+
+
 @dataclass(eq=False)
 class Expansion:
-    """`multiplicity` logical children of `parent` (None = the prompt), generated as one step.
+    """Logical children of `parent` (None = the prompt), generated as one step: one lane per child, lane j
+    being the child at tree position child_keys[j] and sampling from that position's seed (docs/design.md,
+    "Seeds"). Plain search has one lane per expansion; CD puts all children of one parent in one.
 
-    When its parent ends up with fewer children than were speculatively started, keep_left drops
-    below remaining and finishing pieces are thinned uniformly at random (hypergeometric draws),
-    so the kept copies are still independent samples.
+    When its parent ends up with fewer children than were speculatively started, the lanes whose keys
+    are no longer wanted leave `kept`: finishing pieces keep only their kept lanes, so the surviving
+    children are exactly those plain search would have kept.
     """
 
     id: int
     parent: "Candidate | None"
     round: int
-    key: tuple[int, ...]
-    multiplicity: int
-    seed: int | None
+    child_keys: tuple[Key, ...]
+    seeds: tuple[int, ...] | None  # one per lane (search/seeds.py)
     created_at: float
     lookahead: bool = False
+    head_start_of: int | None = None  # FastTTS: the continuation whose text this child starts from
+    started_as_lookahead: bool = False  # FastTTS: began as a LookAhead continuation (lookahead may end)
     priority: int = 0
     paused: bool = False
-    remaining: int = 0  # logical children still generating
-    keep_left: int = 0  # of those, how many will be kept (thinning when keep_left < remaining)
+    pending: set[int] = field(default_factory=set)  # lanes still generating
+    kept: set[int] = field(default_factory=set)  # lanes whose children are still wanted
     cancelled: bool = False
     finished: list["Candidate"] = field(default_factory=list)  # its pieces that finished, in order
 
     def __post_init__(self) -> None:
-        self.remaining = self.keep_left = self.multiplicity
+        self.pending = set(range(len(self.child_keys)))
+        self.kept = set(self.pending)
+
+    @property
+    def key(self) -> Key:
+        return self.child_keys[0]
+
+    @property
+    def multiplicity(self) -> int:
+        """Logical children it stands for: its kept lanes."""
+        return len(self.kept)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.pending)
+
+    @property
+    def keep_left(self) -> int:
+        """Lanes still generating whose children are wanted."""
+        return len(self.pending & self.kept)
 
     @property
     def live(self) -> bool:
@@ -54,13 +79,15 @@ class Expansion:
 
 @dataclass(eq=False)
 class Candidate:
+    """A finished step standing for `multiplicity` logical candidates: lanes `lanes` of its expansion, each
+    at tree position child_key + (0,). Its key (ties, DVTS groups) is its first lane's."""
+
     id: int
     handle: int | None  # physical sequence holding the step's KV (None once freed or completed)
     expansion: Expansion
-    key: tuple[int, ...]
+    lanes: tuple[int, ...]
     text: str
     num_tokens: int
-    multiplicity: int
     completed: bool
     finished_at: float
     order: int  # global finishing order (first to finish wins perfect-score ties)
@@ -71,6 +98,20 @@ class Candidate:
     verify_sent: bool = False
     children: list[Expansion] = field(default_factory=list)
     retained_copies: int = 0
+    finish_reason: str = "stop"  # "length": its step was cut by the step token cap or the context limit
+
+    @property
+    def lane_keys(self) -> tuple[Key, ...]:
+        """The tree positions of the logical candidates it stands for, in order."""
+        return tuple(self.expansion.child_keys[j] + (0,) for j in self.lanes)
+
+    @property
+    def key(self) -> Key:
+        return self.lane_keys[0]
+
+    @property
+    def multiplicity(self) -> int:
+        return len(self.lanes)
 
     @property
     def round(self) -> int:

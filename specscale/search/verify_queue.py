@@ -2,9 +2,11 @@
 
 - "round" and "immediate" steps are ready at once (a request's whole round, or each step as it
   finishes), batched across requests;
-- "lazy" steps (lazy verification, SPEC 3.3) wait until one trigger holds: the queued PRM input
-  tokens reach the threshold; a queued step completed its sibling group; a queued step was deferred
-  more than max_deferrals ticks; a queued step is older than max_age_s (wall-clock safeguard);
+- "lazy" steps (lazy verification, docs/design.md) wait until one trigger of *their own request* holds:
+  the queued lazy PRM input tokens (all requests') reach the request's threshold; one of its queued steps
+  completed its sibling group, was deferred more than max_deferrals ticks, or is older than max_age_s
+  (wall-clock safeguard). Each step carries its request's threshold, resolved once by the runtime, so a
+  request's override flushes that request's steps only;
 - "per_request" steps (FastTTS) are ready at once but a PRM batch holds one request's steps only.
 When the generator has nothing to do, whatever is queued is flushed (waiting would gain nothing).
 """
@@ -23,15 +25,14 @@ class QueuedStep:
     mode: str
     tokens: int  # PRM input tokens scoring it would compute now
     enqueued_at: float
-    threshold_tokens: int | None
+    threshold_tokens: int
     max_deferrals: int
     max_age_s: float
     deferrals: int = 0
 
 
 class VerifyQueue:
-    def __init__(self, default_threshold_tokens: int):
-        self.default_threshold_tokens = default_threshold_tokens
+    def __init__(self):
         self.items: list[QueuedStep] = []
         self.flush_reasons: dict[str, int] = {}
 
@@ -43,11 +44,7 @@ class VerifyQueue:
 
     def ready_batch(self, now: float) -> list[QueuedStep]:
         eager = [i for i in self.items if i.mode in ("round", "immediate")]
-        lazy = [i for i in self.items if i.mode == "lazy"]
-        reason = self.lazy_trigger(lazy, now) if lazy else None
-        if reason is not None:
-            self.flush_reasons[reason] = self.flush_reasons.get(reason, 0) + 1
-            eager += lazy
+        eager += self._triggered_lazy(now)
         if eager:
             return self._take(eager)
         per_request = [i for i in self.items if i.mode == "per_request"]
@@ -64,10 +61,24 @@ class VerifyQueue:
             return self._take([i for i in self.items if i.request is head.request and i.mode == "per_request"])
         return self._take([i for i in self.items if i.mode != "per_request"])
 
-    def lazy_trigger(self, lazy: list[QueuedStep], now: float) -> str | None:
-        """Which lazy-verification trigger holds now, if any."""
-        threshold = min(i.threshold_tokens or self.default_threshold_tokens for i in lazy)
-        if sum(i.tokens for i in lazy) >= threshold:
+    def _triggered_lazy(self, now: float) -> list[QueuedStep]:
+        """The lazy steps of every request whose trigger holds now (each counted in flush_reasons)."""
+        lazy = [i for i in self.items if i.mode == "lazy"]
+        queued_tokens = sum(i.tokens for i in lazy)
+        by_request: dict[int, list[QueuedStep]] = {}
+        for item in lazy:
+            by_request.setdefault(id(item.request), []).append(item)
+        ready = []
+        for items in by_request.values():
+            reason = self.lazy_trigger(items, queued_tokens, now)
+            if reason is not None:
+                self.flush_reasons[reason] = self.flush_reasons.get(reason, 0) + 1
+                ready += items
+        return ready
+
+    def lazy_trigger(self, lazy: list[QueuedStep], queued_tokens: int, now: float) -> str | None:
+        """Which lazy-verification trigger holds now for one request's queued steps, if any."""
+        if queued_tokens >= lazy[0].threshold_tokens:
             return "tokens"
         if any(i.completes_group for i in lazy):
             return "sibling-group"

@@ -35,6 +35,7 @@ class SearchOptions(BaseModel):
     answer_selection: Literal[ANSWER_SELECTIONS] = "best"  # type: ignore[valid-type]
     speculation_depth: int | None = Field(None, ge=1, le=8)
     lv_threshold_tokens: int | None = Field(None, ge=1)
+    filter_duplicates: bool | None = None
     timeout_s: float | None = Field(None, gt=0)
 
 

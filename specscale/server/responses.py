@@ -79,7 +79,7 @@ class CompletionFormat:
     # ---- whole responses ------------------------------------------------------------------------------
     def response(self, prepared: PreparedSearch, result: SearchResult) -> dict:
         paths = ranked_paths(result, prepared.answer_selection)[:prepared.n]
-        choices = [dict(self._full_choice(i, p.text), finish_reason="stop", **path_fields(p))
+        choices = [dict(self._full_choice(i, p.text), finish_reason=p.finish_reason, **path_fields(p))
                    for i, p in enumerate(paths)]
         return dict(self._header(prepared, self.object), choices=choices, usage=usage(result, paths),
                     search=search_summary(prepared, result))
@@ -106,8 +106,8 @@ class CompletionFormat:
         bodies = []
         for i, path in enumerate(paths):
             bodies.append(self._chunk_body(prepared, [self._delta_choice(i, path.text, role=i > 0)]))
-            bodies.append(self._chunk_body(prepared, [dict(self._delta_choice(i, None), finish_reason="stop",
-                                                           **path_fields(path))]))
+            finish = dict(self._delta_choice(i, None), finish_reason=path.finish_reason, **path_fields(path))
+            bodies.append(self._chunk_body(prepared, [finish]))
         if not paths:  # no path completed: close choice 0 empty
             bodies.append(self._chunk_body(prepared, [dict(self._delta_choice(0, None), finish_reason="stop")]))
         bodies[-1]["search"] = search_summary(prepared, result)

@@ -1,10 +1,11 @@
 """ScriptedGenerator: a deterministic `GeneratorBackend` (search/backend.py) on a virtual clock, for exact
 tests of the search logic (the real engine and PRM are tested end to end elsewhere).
 
-Step texts are a function of (prefix tokens, seed): a row of multiplicity m and seed s stands for m
-logical copies with seeds s..s+m-1 — exactly the children it replaces — and splits where their
-scripted texts diverge, as the real engine's multi-draw sampling does (the split rows take the ids the
-starting operation reserved). Each iteration emits one token per generating row and advances the clock
+Step texts are a function of (prefix tokens, seed): a row of multiplicity m stands for m logical copies
+(lanes) with its m lane seeds (`lane_seeds`, else s..s+m-1 for params.seed s) — exactly the seeds of the
+children it replaces — and splits where their scripted texts diverge, as the real engine's laned multi-draw
+sampling does: each split row carries the lanes of its copies and takes the next id the starting operation
+reserved (search/backend.py). Each iteration emits one token per generating row and advances the clock
 by `decode_cost`. Tokens 0..25 are the letters a..z, then a space, a newline and EOS.
 """
 
@@ -61,6 +62,8 @@ class ScriptedSequence:
     paused: bool = False
     plans: list[list[int]] = field(default_factory=list)  # per logical copy: its scripted step
     position: int = 0  # tokens of the step emitted so far
+    lane_seeds: tuple[int, ...] | None = None
+    lane_ids: list[int] = field(default_factory=lambda: [0])  # parallel to plans
 
 
 class ScriptedGenerator:
@@ -103,7 +106,8 @@ class ScriptedGenerator:
 
     # ---- operations ----------------------------------------------------------------------------------
     def _start(self, op: StartSequence) -> None:
-        seq = ScriptedSequence(list(op.token_ids), op.params, op.priority, op.multiplicity, list(op.split_ids))
+        seq = ScriptedSequence(list(op.token_ids), op.params, op.priority, op.multiplicity, list(op.split_ids),
+                               lane_seeds=op.lane_seeds)
         self.seqs[op.seq_id] = seq
         if op.params is not None:
             self._plan(seq)
@@ -112,7 +116,7 @@ class ScriptedGenerator:
         source = self.seqs[op.source]
         assert source.state in (SequenceState.STOPPED, SequenceState.READOUT), "a branch needs a paused source"
         seq = ScriptedSequence(source.tokens + list(op.token_ids), op.params, op.priority, op.multiplicity,
-                               list(op.split_ids))
+                               list(op.split_ids), lane_seeds=op.lane_seeds)
         self.seqs[op.seq_id] = seq
         self._plan(seq)
 
@@ -136,28 +140,31 @@ class ScriptedGenerator:
         return seq.state == SequenceState.GENERATING and not seq.paused
 
     def _plan(self, seq: ScriptedSequence) -> None:
-        seed = seq.params.seed or 0
+        seeds = seq.lane_seeds or [(seq.params.seed or 0) + j for j in range(seq.multiplicity)]
         final = not seq.params.stop
-        seq.plans = [self.step_fn(tuple(seq.tokens), seed + j, final) for j in range(seq.multiplicity)]
+        seq.plans = [self.step_fn(tuple(seq.tokens), seed, final) for seed in seeds]
+        seq.lane_ids = list(range(seq.multiplicity))
 
     def _advance(self, seq_id: SequenceId, seq: ScriptedSequence) -> list[SequenceUpdate]:
         if seq.params is None:
             seq.state = SequenceState.READOUT
-            return [SequenceUpdate(seq_id, (), seq.state, seq.multiplicity)]
-        groups: dict[int, list[list[int]]] = {}
-        for plan in seq.plans:  # copies whose next scripted token agrees stay one row
-            groups.setdefault(plan[seq.position], []).append(plan)
-        (token, plans), *others = groups.items()
-        targets = [(seq_id, seq, token, plans, None)]
-        for other_token, other_plans in others:
+            return [SequenceUpdate(seq_id, (), seq.state, seq.multiplicity, tuple(seq.lane_ids))]
+        groups: dict[int, list[int]] = {}  # next token -> the copies (indices into plans) that write it
+        for j, plan in enumerate(seq.plans):  # copies whose next scripted token agrees stay one row
+            groups.setdefault(plan[seq.position], []).append(j)
+        (token, copies), *others = groups.items()
+        targets = [(seq_id, seq, token, copies, None)]
+        for other_token, other_copies in others:
             child_id = seq.split_ids.pop(0)
-            child = ScriptedSequence(list(seq.tokens), seq.params, seq.priority, len(other_plans), seq.split_ids,
+            child = ScriptedSequence(list(seq.tokens), seq.params, seq.priority, len(other_copies), seq.split_ids,
                                      position=seq.position)
             self.seqs[child_id] = child
-            targets.append((child_id, child, other_token, other_plans, seq_id))
+            targets.append((child_id, child, other_token, other_copies, seq_id))
+        plans, lane_ids = seq.plans, seq.lane_ids
         updates = []
-        for target_id, target, tok, plans, split_from in targets:
-            target.plans, target.multiplicity = plans, len(plans)
+        for target_id, target, tok, copies, split_from in targets:
+            target.plans, target.lane_ids = [plans[j] for j in copies], [lane_ids[j] for j in copies]
+            target.multiplicity = len(copies)
             updates.append(self._emit(target_id, target, tok, split_from))
         return updates
 
@@ -169,4 +176,4 @@ class ScriptedGenerator:
             self.seqs.pop(seq_id)
         elif seq.position == len(seq.plans[0]):
             seq.state = SequenceState.STOPPED
-        return SequenceUpdate(seq_id, (token,), seq.state, seq.multiplicity, split_from)
+        return SequenceUpdate(seq_id, (token,), seq.state, seq.multiplicity, tuple(seq.lane_ids), split_from)

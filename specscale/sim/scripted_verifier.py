@@ -12,18 +12,24 @@ from specscale.sim.scripted_generator import stable_hash
 from specscale.verify.prm import ScoreRequest, ScoreResult
 
 
-def hashed_score(question: str, steps: tuple[str, ...], perfect_rate: float = 0.0) -> float:
+def hashed_score(question: str, steps: tuple[str, ...], perfect_rate: float = 0.0,
+                 score_levels: int = 10_000) -> float:
+    """A fixed score in [0, 1): one of `score_levels` values (few levels: many ties), or exactly 1.0 at
+    `perfect_rate`."""
     h = stable_hash(question, steps)
     if (h % 1000) / 1000 < perfect_rate:
         return 1.0
-    return ((h >> 10) % 10_000) / 10_000
+    return ((h >> 10) % score_levels) / score_levels
 
 
 class ScriptedVerifier:
-    """perfect_rate: the share of steps scored exactly 1.0. It holds no KV (`num_blocks` in total)."""
+    """perfect_rate: the share of steps scored exactly 1.0; score_levels: how many distinct scores below
+    1.0 there are. It holds no KV (`num_blocks` in total)."""
 
-    def __init__(self, clock: VirtualClock, prm_cost: float = 0.5, perfect_rate: float = 0.0, num_blocks: int = 10):
+    def __init__(self, clock: VirtualClock, prm_cost: float = 0.5, perfect_rate: float = 0.0, num_blocks: int = 10,
+                 score_levels: int = 10_000):
         self.clock, self.prm_cost, self.perfect_rate, self.num_blocks = clock, prm_cost, perfect_rate, num_blocks
+        self.score_levels = score_levels
         self.batches: list[int] = []
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
@@ -32,7 +38,8 @@ class ScriptedVerifier:
         results = []
         for r in requests:
             steps = tuple(s for s in r.steps if s.strip())
-            scores = tuple(hashed_score(r.question, steps[: j + 1], self.perfect_rate) for j in range(len(steps)))
+            scores = tuple(hashed_score(r.question, steps[: j + 1], self.perfect_rate, self.score_levels)
+                           for j in range(len(steps)))
             results.append(ScoreResult(scores, len(steps)))
         return results
 

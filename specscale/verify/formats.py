@@ -1,6 +1,6 @@
 """PRM input formats: (question, steps) -> PRM token ids and score positions; head outputs -> step scores.
 
-Two formats (docs: shared/docs/FORMATS.md sections 1 and 2):
+Two formats (docs/design.md, "PRM formats"):
 
 - ``qwen-math-prm`` (Qwen/Qwen2.5-Math-PRM-7B): system prompt, user question, one assistant message
   holding the steps each followed by ``<extra_0>``; score = softmax(score-head logits)[1] at each
@@ -21,9 +21,10 @@ special-token text in them read as plain text, so neither a question nor a gener
 turn or a step tag; only the template and the format write control tokens. `trust_special_tokens`
 reads such text as control tokens again (trusted callers only).
 
-Steps are cleaned first (`clean_steps`): trailing newlines (the "\\n\\n" step delimiter) are removed
-and empty steps dropped, so a search that passes steps ending in "\\n\\n" never scores an extra empty
-step. Scores are computed in the dtype of the head outputs, as the reference code does (a bf16 PRM
+Steps are cleaned first (`clean_steps`): each given step is split on the "\\n\\n" step delimiter (a
+final-round or best-of-N text holds several steps, scored one by one as search-and-learn does), trailing
+newlines are removed and empty pieces dropped, so a search that passes steps ending in "\\n\\n" never
+scores an extra empty step. Scores are computed in the dtype of the head outputs, as the reference code does (a bf16 PRM
 that is sure gives exactly 1.0).
 """
 
@@ -46,10 +47,14 @@ PLACEHOLDER = "\ue000placeholder\ue001"
 PIECE_MEMO_SIZE = 1 << 16  # distinct piece texts whose token ids are remembered per format
 
 
+STEP_DELIMITER = "\n\n"
+
+
 def clean_steps(steps: Sequence[str]) -> list[str]:
-    """Steps as they are scored: trailing newlines removed, empty (or blank) steps dropped."""
-    cleaned = (step.rstrip("\n") for step in steps)
-    return [step for step in cleaned if step.strip()]
+    """Steps as they are scored: every given step split on "\\n\\n", trailing newlines removed, empty (or
+    blank) pieces dropped."""
+    cleaned = (piece.rstrip("\n") for step in steps for piece in step.split(STEP_DELIMITER))
+    return [piece for piece in cleaned if piece.strip()]
 
 
 @dataclass(frozen=True)

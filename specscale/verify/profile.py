@@ -1,8 +1,9 @@
 """PRM throughput profiler: input tokens per second against batch size in tokens, and its knee.
 
 Verification is a prefill-only forward pass whose throughput grows with the number of tokens in the
-batch until the device saturates. Lazy verification (SPEC 3.3) queues finished steps and flushes the
-queue once it holds this many PRM input tokens, so the threshold is measured, once per model and device:
+batch until the device saturates. Lazy verification (docs/design.md, "Verification") queues finished steps
+and flushes the queue once it holds this many PRM input tokens, so the threshold is measured, once per
+model and device:
 
 - each batch is built the way the verifier builds one: `n` sequences forked from one cached context
   (question + earlier steps, `context_tokens`) and extended by `step_tokens` new tokens each (the last

@@ -1,0 +1,182 @@
+"""The FastTTS baseline as FastTTS runs it (docs/design.md, "FastTTS"), on the scripted backend: dynamic
+branching on min-subtracted scores, the live-sequence valve per request (force-finishing the oldest
+LookAhead continuations), a head start for every retained copy, and which steps one PRM call verifies."""
+
+import pytest
+from fake_backend import EOS, NEWLINE, ScriptedEngine, ScriptedVerifier
+
+from specscale.search.branching import dynamic_children
+from specscale.search.presets import preset_config
+from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.search.seeds import node_seed
+from specscale.search.tree import CandidateState
+from specscale.sim.clock import VirtualClock
+from specscale.verify.prm import ScoreResult
+
+PROMPT = [1, 2, 3, 4, 5]
+
+
+class Scored:
+    def __init__(self, score):
+        self.score = score
+
+
+def children(scores, slots):
+    return dynamic_children([(Scored(s), 1) for s in scores], slots)
+
+
+def test_dynamic_branching_subtracts_the_minimum_score():
+    assert children([0.9, 0.7], 8) == [8, 0]  # raw weights gave 4 / 4 (5 / 3 at best)
+    assert children([0.9, 0.8, 0.7, 0.7], 8) == [5, 3, 0, 0]
+    assert children([0.6, 0.6, 0.6, 0.6], 4) == [1, 1, 1, 1]  # equal parents: uniform
+    assert children([0.5, 0.5], 8) == [4, 4]
+    assert sum(children([0.91, 0.33, 0.52], 12)) == 12
+
+
+class RecordingVerifier(ScriptedVerifier):
+    """Remembers, per PRM call, the (question, number of steps) of every path it scored."""
+
+    def __init__(self, clock):
+        super().__init__(clock)
+        self.calls: list[list[tuple[str, int]]] = []
+
+    def score(self, requests):
+        self.calls.append([(r.question, len(r.steps)) for r in requests])
+        return super().score(requests)
+
+
+def run(preset, n_requests=4, **overrides):
+    clock = VirtualClock()
+    engine, verifier = ScriptedEngine(clock), RecordingVerifier(clock)
+    runtime = SearchRuntime(engine, verifier, clock=clock, max_concurrency=32, lv_threshold_tokens=40)
+    options = dict(beam_size=8, beam_width=4, max_rounds=6, seed=7)
+    options.update(overrides)
+    requests = [SearchRequest(f"question {i}", PROMPT + [i], preset_config(preset, **options), f"r{i}")
+                for i in range(n_requests)]
+    results = runtime.run(requests)
+    assert engine.num_live_sequences == 0 and all(r.error is None and r.paths for r in results)
+    return runtime, verifier
+
+
+def test_the_valve_counts_one_requests_beams_so_32_requests_lose_no_lookahead():
+    """The old valve compared every request's sequences with 256: at N = 8 and 32 requests in flight
+    most continuations were refused. Per request (8 running + 8 continuations) it never trips."""
+    runtime, _ = run("fasttts", n_requests=32)
+    searches = [s.search for s in runtime.finished.values()]
+    assert not any(search.lookaheads_cut for search in searches)
+    started = [e for search in searches for e in search.expansions.values() if e.started_as_lookahead]
+    assert len(started) > 32 * 8  # about one per finished, continued step
+    assert all(e.kept or e.cancelled for e in started)  # a refused one was left with no lane and not cancelled
+
+
+def test_on_overflow_the_oldest_lookaheads_are_force_finished():
+    runtime, _ = run("fasttts", n_requests=2, max_live_sequences=4)
+    for state in runtime.finished.values():
+        search = state.search
+        assert search.lookaheads_cut == sorted(search.lookaheads_cut)  # oldest first
+        assert all(search.expansions[i].started_as_lookahead for i in search.lookaheads_cut)
+    assert any(state.search.lookaheads_cut for state in runtime.finished.values())
+
+
+@pytest.mark.parametrize("preset", ["fasttts", "fasttts-xb"])
+def test_every_other_retained_copy_starts_from_the_continuation(preset):
+    """FastTTS gives every retained duplicate the continuation's text (truncated) as a head start; the
+    old search gave it to one child only and started the others from scratch."""
+    def shared_prefix(head_start):
+        runtime, _ = run(preset, lookahead_head_start=head_start, lookahead_head_start_std=0.0)
+        shared = started = 0
+        for state in runtime.finished.values():
+            search = state.search
+            for e in search.expansions.values():
+                if e.head_start_of is None or not e.finished:
+                    continue
+                source = search.expansions[e.head_start_of]
+                if not source.finished:
+                    continue
+                started += 1
+                a, b = e.finished[0].text, source.finished[0].text
+                shared += next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert started > 0
+        return shared / started
+
+    assert shared_prefix(1.0) > shared_prefix(0.0) + 1.0
+
+
+def test_fasttts_verifies_one_request_per_call_and_scores_continuations_with_their_round():
+    _, fasttts = run("fasttts")
+    _, crossed = run("fasttts-xb")
+    assert all(len({q for q, _ in call}) == 1 for call in fasttts.calls)
+    assert any(len({steps for _, steps in call}) > 1 for call in fasttts.calls)  # LookAhead in the same call
+    assert any(len({q for q, _ in call}) > 1 for call in crossed.calls)  # fasttts-xb batches requests
+    assert len(crossed.calls) < len(fasttts.calls)
+
+
+def test_children_per_retained_parent_follow_dynamic_branching():
+    runtime, _ = run("fasttts", n_requests=4)
+    checked = 0
+    for state in runtime.finished.values():
+        search = state.search
+        for rd in search.rounds:
+            retained = [c for c in rd.candidates if c.state == CandidateState.RETAINED]
+            if not retained:
+                continue
+            ranked = sorted(retained, key=lambda c: (-c.score, c.key))
+            expected = children([c.score for c in ranked], 8)
+            got = [sum(len(e.kept) for e in c.children if not e.cancelled) for c in ranked]
+            assert got == expected
+            checked += 1
+    assert checked > 4
+
+
+# ---- a hand-made trace ------------------------------------------------------------------------------------
+# One request, N = 4, M = 2 (k = 2), two rounds, the valve at 3 live beams. Round 0 writes steps of 2, 6, 3
+# and 8 letters scored 0.9, 0.5, 0.7, 0.2; "aa" finishes first and its LookAhead continuation starts, then
+# "ccc" finishes and starts its own: 2 real + 2 continuations exceed 3, so the oldest ("aa"'s) is cut.
+SEED = 3
+TEXTS = {(0,): "aa", (1,): "bbbbbb", (2,): "ccc", (3,): "dddddddd",
+         (0, 0, 0): "ee", (2, 0, 0): "ff", (0, 0, 1): "gggg", (0, 0, 2): "hhhhh", (0, 0, 3): "iiiiii"}
+SCORES = {"aa": 0.9, "bbbbbb": 0.5, "ccc": 0.7, "dddddddd": 0.2}
+KEY_OF = {node_seed(SEED, (i,) + rest): (i,) + rest for i in range(4) for rest in [()] + [(0, j) for j in range(4)]}
+
+
+def table_step(prefix: tuple, seed: int, final: bool) -> list[int]:
+    letters = [ord(ch) - ord("a") for ch in TEXTS.get(KEY_OF[seed], "zz")]
+    return letters + ([EOS] if final else [NEWLINE, NEWLINE])
+
+
+class TableVerifier:
+    """Scores each step by its text (0.3 when not in SCORES); remembers each call's paths."""
+
+    def __init__(self, clock):
+        self.clock, self.calls = clock, []
+
+    def score(self, requests):
+        self.calls.append(sorted(tuple(s.strip() for s in r.steps) for r in requests))
+        self.clock.advance(0.5)
+        return [ScoreResult(tuple(SCORES.get(s.strip(), 0.3) for s in r.steps), len(r.steps)) for r in requests]
+
+    def tokens_to_compute(self, request) -> int:
+        return 1
+
+
+def test_a_hand_made_trace_gets_fasttts_decisions():
+    clock = VirtualClock()
+    verifier = TableVerifier(clock)
+    runtime = SearchRuntime(ScriptedEngine(clock, table_step), verifier, clock=clock)
+    config = preset_config("fasttts", beam_size=4, beam_width=2, max_rounds=2, seed=SEED, max_live_sequences=3)
+    result = runtime.run([SearchRequest("q", [1, 2, 3], config, "r")])[0]
+    search = runtime.finished["r"].search
+    by_keys = {e.child_keys[0]: e for e in search.expansions.values()}
+    # selection: the top k = 2 of round 0; dynamic branching on 0.9 - 0.7 and 0.7 - 0.7 gives 4 and 0 children
+    assert search.decisions[0].retained == ((("aa\n\n",), 1), (("ccc\n\n",), 1))
+    assert [key for key, e in by_keys.items() if len(key) == 3 and not e.cancelled] == [(0, 0, 0), (0, 0, 1),
+                                                                                       (0, 0, 2), (0, 0, 3)]
+    assert by_keys[(2, 0, 0)].cancelled  # "ccc"'s continuation: its parent got no child
+    # the valve cut "aa"'s continuation, the oldest running one, when "ccc"'s started
+    assert search.lookaheads_cut == [by_keys[(0, 0, 0)].id]
+    # the cut continuation became "aa"'s first child; the other three start from its text
+    assert {by_keys[(0, 0, j)].head_start_of for j in (1, 2, 3)} == {by_keys[(0, 0, 0)].id}
+    # one PRM call per round of this request; "ccc"'s finished continuation is verified with round 0
+    assert verifier.calls == [[("aa",), ("bbbbbb",), ("ccc",), ("ccc", "ff"), ("dddddddd",)],
+                              [("aa", "ee"), ("aa", "gggg"), ("aa", "hhhhh"), ("aa", "iiiiii")]]
+    assert sorted(p.text for p in result.paths) == ["aa\n\nee", "aa\n\ngggg", "aa\n\nhhhhh", "aa\n\niiiiii"]

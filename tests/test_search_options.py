@@ -1,0 +1,17 @@
+"""The search options this issue added reach the search from the API and the CLI: filter_duplicates
+(docs/design.md, "Duplicate filtering"), off unless asked."""
+
+from test_server_units import builder, chat  # noqa: F401  (builder is a fixture)
+
+from specscale.cli import build_parser
+
+
+def test_the_api_maps_filter_duplicates_onto_the_search(builder):  # noqa: F811
+    asked = builder.chat(chat(search={"preset": "beam", "filter_duplicates": True}), "a").request.config
+    default = builder.chat(chat(search={"preset": "beam"}), "b").request.config
+    assert asked.filter_duplicates and not default.filter_duplicates
+
+
+def test_solve_takes_filter_duplicates():
+    args = build_parser().parse_args(["solve", "--preset", "dvts", "--filter-duplicates"])
+    assert args.filter_duplicates and not build_parser().parse_args(["solve"]).filter_duplicates
