@@ -1,8 +1,8 @@
 """SearchRuntime: serves many searches at once on one device (one generator engine, one verifier).
 
 Each tick runs either one generator iteration (continuous batching across every request) or one PRM
-batch, chosen by the verification queue's policy; engine outputs and PRM scores become events for
-the searches, whose actions become engine calls (fork / extend / abort / pause / priorities) and
+batch, chosen by the verification queue's policy; generator updates and PRM scores become events for
+the searches, whose actions become generator operations (branch / abort / pause / priorities) and
 queued verifications. At most `max_concurrency` requests are in flight; the rest wait in order.
 
 Time is read only through `clock`, so the same code runs on the real engine (wall clock) and with a
