@@ -190,7 +190,8 @@ def test_filter_duplicates_retains_distinct_paths_only_when_asked(preset):
     """search-and-learn's filter_duplicates: off by default (identical paths may fill the beam), on every
     beam variant when asked (every decided round retains distinct paths, one copy each)."""
     def retained_copies(runtime):
-        return [[(steps, n) for steps, n in d.retained] for rid in runtime.finished_ids() for d in runtime.search(rid).decisions]
+        return [[(steps, n) for steps, n in d.retained]
+                for rid in runtime.finished_ids() for d in runtime.search(rid).decisions]
 
     default, _ = run_preset(preset, step_fn=two_choice_step)
     filtered, results = run_preset(preset, step_fn=two_choice_step, filter_duplicates=True)

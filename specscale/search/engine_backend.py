@@ -1,9 +1,9 @@
 """EngineBackend: `engine/engine.py`'s `Engine` as a `GeneratorBackend` (search/backend.py).
 
 It maps the runtime's sequence ids to the engine's and back, turns the runtime's operations into engine
-calls (`add`, `fork` + `extend`, `abort`, `pause`, `resume`, `set_priority`) and the engine's
-`SequenceOutput`s (lane ids, finish reasons) into `SequenceUpdate`s; a row the engine splits off (CD) takes the next id its family
-reserved. The engine may run a checkpoint or the simulator's runner (docs/simulator.md).
+calls (`add`, `fork` + `extend`, `abort`, `pause`, `resume`, `set_priority`; lane seeds passed through)
+and the engine's `SequenceOutput`s into `SequenceUpdate`s (lane ids kept, LENGTH / CONTEXT finish reasons
+as `EndReason.LENGTH`); a row the engine splits off (CD) takes the next id its family reserved. The engine may run a checkpoint or the simulator's runner (docs/simulator.md).
 """
 
 from __future__ import annotations
