@@ -9,9 +9,9 @@ import time
 from specscale.bench import add_bench
 from specscale.defaults import TOY_GENERATOR
 from specscale.evaluation.command import add_eval
-from specscale.server.command import add_serve
+from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
+from specscale.serve import add_serve
 from specscale.solve import add_solve
-from specscale.tasks.prompts import TOY_GENERATOR_SYSTEM_PROMPT
 
 
 def add_generate(sub) -> None:
@@ -44,9 +44,8 @@ def run_generate(args) -> int:
     questions = args.prompt or default_prompts(args.num_prompts)
     ids = {}
     for i, question in enumerate(questions):
-        messages = [{"role": "system", "content": args.system or TOY_GENERATOR_SYSTEM_PROMPT},
-                    {"role": "user", "content": question}]
-        text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        text = tok.apply_chat_template(chat_messages(question, args.system or TOY_GENERATOR_SYSTEM_PROMPT),
+                                       add_generation_prompt=True)
         params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed + i)
         ids[engine.add(tok.encode(text), params)] = question
     generated: dict[int, list[int]] = {seq_id: [] for seq_id in ids}

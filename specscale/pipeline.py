@@ -1,23 +1,30 @@
-"""Pipeline: the generator engine, the PRM verifier and the search runtime built from one config.
+"""Pipeline: the generator engine and the PRM verifier built from one config, and search runtimes over them.
 
-The CLI (`specscale solve`, `specscale bench`) and the server build their serving stack here, so the
-three agree on defaults: the bundled toy models, served in their checkpoint dtype (bf16), on CPU.
+The CLI (`specscale solve`, `specscale bench`, `specscale eval`) and the server build their serving stack
+here, so they agree on defaults: the bundled toy models, served in their checkpoint dtype (bf16), on CPU.
+`sim/simulation.py` `Simulation` builds the same two backends on simulated models; both hand out
+runtimes through `runtime(...)`, so whatever drives a runtime runs on either.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from specscale.chat_text import render_chat_text
 from specscale.config import EngineConfig, SearchConfig
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.engine.engine import Engine
+from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
+from specscale.search.backend import GeneratorBackend, VerifierBackend
+from specscale.search.engine_backend import EngineBackend
 from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.tasks.prompts import TOY_GENERATOR_SYSTEM_PROMPT
 from specscale.verify.prm import Verifier, VerifierConfig
 from specscale.verify.profile import load_lv_threshold
 
-DEFAULT_LV_THRESHOLD = 2048  # the default when this PRM and device were never profiled (docs/design.md)
+# When this PRM and device were never profiled: a 7-8B PRM's prefill on an A100 saturates near
+# 2,048 batch tokens (docs/BENCHMARKS.md, the PRM profile).
+DEFAULT_LV_THRESHOLD = 2048
 # On a CPU a decode iteration costs about fixed + 0.055 ms per row past a few dozen rows (docs/BENCHMARKS.md,
 # characterize): speculative rows pay only while they ride in that near-fixed-cost room. On an accelerator
 # decode is memory-bound far beyond that, so speculation may fill the batch (no cap).
@@ -59,9 +66,20 @@ class Pipeline:
             max_num_batched_tokens=8192, max_num_seqs=1024, seed=config.seed,
         ), trust_special_tokens=config.trust_special_tokens))
         self.lv_threshold_tokens = self._lv_threshold()
-        extra = {} if clock is None else {"clock": clock}
-        self.runtime = SearchRuntime(self.engine, self.verifier, max_concurrency=config.max_concurrency,
-                                     lv_threshold_tokens=self.lv_threshold_tokens, **extra)
+        self.clock = clock or time.perf_counter
+
+    def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
+        """The generator engine and the verifier as the runtime sees them (a fresh id mapping each time)."""
+        return EngineBackend(self.engine), self.verifier
+
+    def runtime(self, max_concurrency: int | None = None, generator: GeneratorBackend | None = None,
+                verifier: VerifierBackend | None = None, **options) -> SearchRuntime:
+        """A runtime with fresh metrics over this pipeline's backends (or instrumented stand-ins for them);
+        options: `SearchRuntime`'s callbacks and keep_finished."""
+        own_generator, own_verifier = self.backends()
+        return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
+                             max_concurrency=max_concurrency or self.config.max_concurrency,
+                             lv_threshold_tokens=self.lv_threshold_tokens, **options)
 
     def _spare_rows(self) -> int | None:
         if self.config.spare_rows is not None:
@@ -73,9 +91,13 @@ class Pipeline:
             return self.config.lv_threshold_tokens
         return load_lv_threshold(self.config.prm, self.config.device) or DEFAULT_LV_THRESHOLD
 
+    def model_memory(self) -> dict:
+        """What each model holds (model/memory.py), as /health reports it."""
+        return {"generator": self.engine.model_memory().as_dict(), "prm": self.verifier.engine.model_memory().as_dict()}
+
     def prompt_ids(self, question: str) -> list[int]:
-        messages = [{"role": "system", "content": self.config.system_prompt}, {"role": "user", "content": question}]
-        chat = render_chat_text(self.engine.tokenizer, messages, add_generation_prompt=True)
+        chat = render_chat_text(self.engine.tokenizer, chat_messages(question, self.config.system_prompt),
+                                add_generation_prompt=True)
         return chat.encode(self.engine.tokenizer, trusted=self.config.trust_special_tokens)
 
     def request(self, question: str, config: SearchConfig, request_id: str | None = None) -> SearchRequest:

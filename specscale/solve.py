@@ -46,14 +46,18 @@ def run_solve(args) -> int:
                                max_rounds=args.max_rounds, seed=args.seed * 100_003 + i,
                                filter_duplicates=args.filter_duplicates)
         requests.append(pipeline.request(question, config, request_id=f"q{i}"))
-    results = serve(pipeline, requests)
+    runtime = pipeline.runtime()
+    start = time.perf_counter()
+    with tqdm(total=len(requests), desc="searches", unit="req", disable=None) as bar:  # None: off unless a TTY
+        results = runtime.run(requests, progress=bar.update)
+    elapsed = time.perf_counter() - start
     correct = 0
     for i, (question, result) in enumerate(zip(questions, results)):
         problem = problems[i] if problems is not None else None
         ok = problem is not None and result.best is not None and is_correct(problem, result.best.text)
         correct += ok
         print(answer_line(question, result, problem, ok, args.quiet))
-    report(pipeline, results, correct if problems is not None else None, args.preset)
+    report(runtime.metrics.summary(), results, elapsed, correct if problems is not None else None, args.preset)
     pipeline.close()
     return 0
 
@@ -67,22 +71,10 @@ def answer_line(question: str, result, problem, ok: bool, quiet: bool) -> str:
     return f"### {question}\nanswer: {result.answer}  (weighted vote {result.weighted_vote}){verdict}\n"
 
 
-def serve(pipeline: Pipeline, requests) -> list:
-    runtime = pipeline.runtime
-    ids = [runtime.submit(r) for r in requests]
-    start = time.perf_counter()
-    with tqdm(total=len(ids), desc="searches", unit="req", disable=None) as bar:  # None: off unless a TTY
-        while runtime.has_work():
-            bar.update(len(runtime.step()))
-    pipeline.elapsed_s = time.perf_counter() - start
-    return [runtime.finished[i].result for i in ids]
-
-
-def report(pipeline: Pipeline, results, correct: int | None, preset: str) -> None:
-    elapsed = pipeline.elapsed_s
+def report(metrics: dict, results, elapsed: float, correct: int | None, preset: str) -> None:
+    """metrics: the runtime's `RunMetrics.summary()`."""
     output = sum(r.usage.output_tokens for r in results)
     generated = sum(r.usage.generated_tokens for r in results)
-    metrics = pipeline.runtime.metrics.summary()
     print(f"preset {preset}: {len(results)} requests in {elapsed:.1f} s")
     if correct is not None:
         print(f"accuracy {correct}/{len(results)} = {correct / len(results):.1%}")

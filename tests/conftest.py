@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(2)
 
 from checkpoints import build_checkpoint  # noqa: E402
+from search_backends import scripted_backend, simulated_backend, toy_backend  # noqa: E402
 
 from specscale.engine.engine import Engine  # noqa: E402
 from specscale.engine.sequence import SequenceStatus  # noqa: E402
@@ -37,6 +38,30 @@ def qwen2_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def toy_search_backend():
+    backend, pipeline = toy_backend()
+    yield backend
+    pipeline.close()
+
+
+@pytest.fixture(scope="session")
+def simulated_search_backend():
+    backend, sim = simulated_backend()
+    yield backend
+    sim.close()
+
+
+@pytest.fixture(params=["scripted", "toy", "simulated"])
+def search_backend(request):
+    """The search and runtime suite's backend: scripted, the bundled toy models, or the simulator
+    (tests/search_backends.py). Afterwards the PRM's cached prefixes are dropped."""
+    backend = scripted_backend() if request.param == "scripted" else request.getfixturevalue(
+        f"{request.param}_search_backend")
+    yield backend
+    backend.release()
 
 
 @pytest.fixture(autouse=True)

@@ -11,22 +11,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import h11
 import uvicorn
 from checkpoints import build_tokenizer
-from fake_backend import ScriptedEngine, ScriptedVerifier
+from search_backends import scripted_runtime
 
-from specscale.search.runtime import SearchRuntime
 from specscale.server.app import build_app
 from specscale.server.connection import uvicorn_config
 from specscale.server.engine_loop import EngineLoop
 from specscale.server.metrics import ServerMetrics
 from specscale.server.search_builder import SearchBuilder
 from specscale.server.settings import ServerSettings
-from specscale.sim.clock import VirtualClock
 from specscale.tokenizer import Tokenizer
 from specscale.verify.formats import QwenMathPRMFormat
 
@@ -49,16 +47,6 @@ class LiveApp:
         return RawConnection(self.host, self.port)
 
 
-def scripted_runtime(max_concurrency: int = 4) -> SearchRuntime:
-    clock = VirtualClock()
-    engine = ScriptedEngine(clock)
-    engine.block_manager.num_blocks = 1000
-    verifier = ScriptedVerifier(clock)
-    verifier.engine = SimpleNamespace(block_manager=SimpleNamespace(num_used_blocks=0, num_blocks=10),
-                                      model_memory=engine.model_memory)
-    return SearchRuntime(engine, verifier, clock=clock, max_concurrency=max_concurrency, lv_threshold_tokens=40)
-
-
 def live_builder(tokenizer_dir: Path, settings: ServerSettings, builder_class=SearchBuilder) -> SearchBuilder:
     if not (tokenizer_dir / "tokenizer.json").is_file():
         build_tokenizer(tokenizer_dir)
@@ -71,7 +59,7 @@ def live_builder(tokenizer_dir: Path, settings: ServerSettings, builder_class=Se
 def serve(builder: SearchBuilder, settings: ServerSettings) -> Iterator[LiveApp]:
     """The app on a free loopback port until the block ends (then uvicorn shuts down gracefully)."""
     metrics = ServerMetrics()
-    engine_loop = EngineLoop(scripted_runtime(), metrics, settings.max_waiting, settings.retry_after_s)
+    engine_loop = EngineLoop(partial(scripted_runtime, 4), metrics, settings.max_waiting, settings.retry_after_s)
     app = build_app(engine_loop, builder, metrics, settings)
     sock = socket.create_server(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn_config(app, settings, metrics, log_level="warning", timeout_graceful_shutdown=2))

@@ -13,7 +13,7 @@ def decided(preset, seed, shape, perfect_rate, score_levels, step_fn):
     n, m = shape
     runtime, results = run_preset(preset, n_requests=2, perfect_rate=perfect_rate, score_levels=score_levels,
                                   step_fn=step_fn, beam_size=n, beam_width=m, seed=seed)
-    return {rid: decisions_of(runtime, rid) for rid in runtime.finished}, [logical_paths(r) for r in results]
+    return {rid: decisions_of(runtime, rid) for rid in runtime.finished_ids()}, [logical_paths(r) for r in results]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

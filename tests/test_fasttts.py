@@ -3,14 +3,16 @@ branching on min-subtracted scores, the live-sequence valve per request (force-f
 LookAhead continuations), a head start for every retained copy, and which steps one PRM call verifies."""
 
 import pytest
-from fake_backend import EOS, NEWLINE, ScriptedEngine, ScriptedVerifier
 
 from specscale.search.branching import dynamic_children
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.seeds import node_seed
 from specscale.search.tree import CandidateState
+from specscale.engine.block_manager import KVUsage
 from specscale.sim.clock import VirtualClock
+from specscale.sim.scripted_generator import EOS, NEWLINE, ScriptedGenerator
+from specscale.sim.scripted_verifier import ScriptedVerifier
 from specscale.verify.prm import ScoreResult
 
 PROMPT = [1, 2, 3, 4, 5]
@@ -47,35 +49,38 @@ class RecordingVerifier(ScriptedVerifier):
 
 def run(preset, n_requests=4, **overrides):
     clock = VirtualClock()
-    engine, verifier = ScriptedEngine(clock), RecordingVerifier(clock)
-    runtime = SearchRuntime(engine, verifier, clock=clock, max_concurrency=32, lv_threshold_tokens=40)
+    generator, verifier = ScriptedGenerator(clock), RecordingVerifier(clock)
+    runtime = SearchRuntime(generator, verifier, clock=clock, max_concurrency=32, lv_threshold_tokens=40)
     options = dict(beam_size=8, beam_width=4, max_rounds=6, seed=7)
     options.update(overrides)
     requests = [SearchRequest(f"question {i}", PROMPT + [i], preset_config(preset, **options), f"r{i}")
                 for i in range(n_requests)]
     results = runtime.run(requests)
-    assert engine.num_live_sequences == 0 and all(r.error is None and r.paths for r in results)
+    assert generator.num_live_sequences == 0 and all(r.error is None and r.paths for r in results)
     return runtime, verifier
+
+
+def searches(runtime) -> list:
+    return [runtime.search(rid) for rid in runtime.finished_ids()]
 
 
 def test_the_valve_counts_one_requests_beams_so_32_requests_lose_no_lookahead():
     """The old valve compared every request's sequences with 256: at N = 8 and 32 requests in flight
     most continuations were refused. Per request (8 running + 8 continuations) it never trips."""
     runtime, _ = run("fasttts", n_requests=32)
-    searches = [s.search for s in runtime.finished.values()]
-    assert not any(search.lookaheads_cut for search in searches)
-    started = [e for search in searches for e in search.expansions.values() if e.started_as_lookahead]
+    done = searches(runtime)
+    assert not any(search.lookaheads_cut for search in done)
+    started = [e for search in done for e in search.expansions.values() if e.started_as_lookahead]
     assert len(started) > 32 * 8  # about one per finished, continued step
     assert all(e.kept or e.cancelled for e in started)  # a refused one was left with no lane and not cancelled
 
 
 def test_on_overflow_the_oldest_lookaheads_are_force_finished():
     runtime, _ = run("fasttts", n_requests=2, max_live_sequences=4)
-    for state in runtime.finished.values():
-        search = state.search
+    for search in searches(runtime):
         assert search.lookaheads_cut == sorted(search.lookaheads_cut)  # oldest first
         assert all(search.expansions[i].started_as_lookahead for i in search.lookaheads_cut)
-    assert any(state.search.lookaheads_cut for state in runtime.finished.values())
+    assert any(search.lookaheads_cut for search in searches(runtime))
 
 
 @pytest.mark.parametrize("preset", ["fasttts", "fasttts-xb"])
@@ -85,8 +90,7 @@ def test_every_other_retained_copy_starts_from_the_continuation(preset):
     def shared_prefix(head_start):
         runtime, _ = run(preset, lookahead_head_start=head_start, lookahead_head_start_std=0.0)
         shared = started = 0
-        for state in runtime.finished.values():
-            search = state.search
+        for search in searches(runtime):
             for e in search.expansions.values():
                 if e.head_start_of is None or not e.finished:
                     continue
@@ -114,8 +118,7 @@ def test_fasttts_verifies_one_request_per_call_and_scores_continuations_with_the
 def test_children_per_retained_parent_follow_dynamic_branching():
     runtime, _ = run("fasttts", n_requests=4)
     checked = 0
-    for state in runtime.finished.values():
-        search = state.search
+    for search in searches(runtime):
         for rd in search.rounds:
             retained = [c for c in rd.candidates if c.state == CandidateState.RETAINED]
             if not retained:
@@ -158,14 +161,18 @@ class TableVerifier:
     def tokens_to_compute(self, request) -> int:
         return 1
 
+    @property
+    def kv_usage(self) -> KVUsage:
+        return KVUsage(0, 1)
+
 
 def test_a_hand_made_trace_gets_fasttts_decisions():
     clock = VirtualClock()
     verifier = TableVerifier(clock)
-    runtime = SearchRuntime(ScriptedEngine(clock, table_step), verifier, clock=clock)
+    runtime = SearchRuntime(ScriptedGenerator(clock, table_step), verifier, clock=clock)
     config = preset_config("fasttts", beam_size=4, beam_width=2, max_rounds=2, seed=SEED, max_live_sequences=3)
     result = runtime.run([SearchRequest("q", [1, 2, 3], config, "r")])[0]
-    search = runtime.finished["r"].search
+    search = runtime.search("r")
     by_keys = {e.child_keys[0]: e for e in search.expansions.values()}
     # selection: the top k = 2 of round 0; dynamic branching on 0.9 - 0.7 and 0.7 - 0.7 gives 4 and 0 children
     assert search.decisions[0].retained == ((("aa\n\n",), 1), (("ccc\n\n",), 1))

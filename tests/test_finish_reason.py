@@ -21,8 +21,7 @@ def toy_pipeline():
 
 def solve(pipeline, preset: str, **config):
     request = pipeline.request(QUESTION, preset_config(preset, beam_size=4, beam_width=2, seed=3, **config), "r")
-    pipeline.runtime.finished.pop("r", None)
-    result = pipeline.runtime.run([request])[0]
+    result = pipeline.runtime().run([request])[0]
     return request, result
 
 

@@ -1,12 +1,12 @@
 """Each lazy-verification trigger fires alone: token threshold, sibling group, deferral cap, age cap;
 plus the flush policy for eager and per-request (FastTTS) steps, and the runtime's use of them."""
 
-from fake_backend import ScriptedEngine, ScriptedVerifier
-
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
+from specscale.sim.scripted_generator import ScriptedGenerator
+from specscale.sim.scripted_verifier import ScriptedVerifier
 
 NEVER = 10**9
 
@@ -66,11 +66,11 @@ def test_specscale_runtime_flushes_lazily_with_bigger_batches():
     sizes = {}
     for preset in ("ep+cd", "specscale"):
         clock = VirtualClock()
-        runtime = SearchRuntime(ScriptedEngine(clock), ScriptedVerifier(clock), clock=clock, lv_threshold_tokens=60)
+        runtime = SearchRuntime(ScriptedGenerator(clock), ScriptedVerifier(clock), clock=clock, lv_threshold_tokens=60)
         config = preset_config(preset, beam_size=8, beam_width=4, max_rounds=6, seed=5)
         runtime.run([SearchRequest(f"q{i}", [1, 2, 3, i], config) for i in range(6)])
         sizes[preset] = sum(runtime.verifier.batches) / len(runtime.verifier.batches)
-        assert runtime.engine.num_live_sequences == 0
+        assert runtime.stats().live_sequences == 0
     assert sizes["specscale"] > 1.25 * sizes["ep+cd"]  # fewer, bigger PRM calls
 
 

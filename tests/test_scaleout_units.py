@@ -18,7 +18,7 @@ from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.exposition import only_families, sum_expositions
 from specscale.scaleout.forwarding import ForwardedSearch
 from specscale.scaleout.messages import Answered, Rejected, StreamOpened
-from specscale.server.command import pipeline_config, server_settings
+from specscale.serve import pipeline_config, server_settings
 from specscale.server.engine_loop import EngineSnapshot
 from specscale.server.metrics import ServerMetrics
 from specscale.server.protocol import ChatCompletionRequest

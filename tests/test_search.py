@@ -1,14 +1,13 @@
-"""Exact search semantics on a scripted backend: every preset, strict pruning keeps what beam keeps,
-the perfect-score shortcut, CD row counts, cancellation and zero leaked sequences."""
+"""The search and runtime suite. On every backend (scripted, the bundled toy models, the simulator:
+tests/search_backends.py): every preset completes and releases everything, a cancel frees a search's
+sequences at once, admission respects max_concurrency. On the scripted backend, exact semantics: strict
+pruning keeps what beam keeps, the perfect-score shortcut, CD row counts and paths."""
 
 import pytest
-from fake_backend import ScriptedEngine, ScriptedVerifier, prefix_only_step, seeded_step
+from search_backends import SMALL, scripted_request, scripted_runtime
 
 from specscale.search.presets import PRESETS, preset_config
-from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.sim.clock import VirtualClock
-
-PROMPT = [1, 2, 3, 4, 5]
+from specscale.sim.scripted_generator import prefix_only_step, seeded_step
 
 
 def logical_paths(result) -> list[tuple[str, int]]:
@@ -19,55 +18,98 @@ def logical_paths(result) -> list[tuple[str, int]]:
     return sorted(merged.items())
 
 
-def make_runtime(step_fn=None, perfect_rate=0.0, max_concurrency=32, score_levels=10_000):
-    clock = VirtualClock()
-    engine = ScriptedEngine(clock) if step_fn is None else ScriptedEngine(clock, step_fn)
-    verifier = ScriptedVerifier(clock, perfect_rate=perfect_rate, score_levels=score_levels)
-    return SearchRuntime(engine, verifier, clock=clock, max_concurrency=max_concurrency, lv_threshold_tokens=40)
+def assert_released(runtime) -> None:
+    stats = runtime.stats()
+    assert stats.live_sequences == 0 and stats.generator_kv.used_blocks == 0, "sequences leaked"
+    assert not runtime.has_work() and not runtime.can_progress()
 
 
 def run_preset(name, n_requests=4, step_fn=None, perfect_rate=0.0, score_levels=10_000, **overrides):
-    runtime = make_runtime(step_fn, perfect_rate, score_levels=score_levels)
+    runtime = scripted_runtime(**({} if step_fn is None else {"step_fn": step_fn}), perfect_rate=perfect_rate,
+                               score_levels=score_levels)
     options = dict(beam_size=8, beam_width=4, max_rounds=8, seed=11)
     options.update(overrides)
-    requests = [SearchRequest(f"question {i}", PROMPT + [i], preset_config(name, **options), f"r{i}")
-                for i in range(n_requests)]
+    requests = [scripted_request(i, preset_config(name, **options), f"r{i}") for i in range(n_requests)]
     results = runtime.run(requests)
-    assert runtime.engine.num_live_sequences == 0, "sequences leaked"
-    assert not runtime.queue
+    assert_released(runtime)
     return runtime, results
 
 
+def decisions(runtime) -> dict[str, list]:
+    return {rid: [(d.round, d.retained) for d in runtime.search(rid).decisions] for rid in runtime.finished_ids()}
+
+
+# ---- every backend --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_every_preset_completes_and_releases_everything(preset):
-    runtime, results = run_preset(preset)
+def test_every_preset_completes_and_releases_everything(search_backend, preset):
+    runtime = search_backend.runtime(max_concurrency=8)
+    beam_size = SMALL["beam_size"]
+    requests = [search_backend.request(i, preset_config(preset, **SMALL, seed=11 + i), f"r{i}") for i in range(3)]
+    results = runtime.run(requests)
     for result in results:
         assert result.error is None
-        assert result.paths and sum(p.copies for p in result.paths) <= 8
+        assert result.paths and sum(p.copies for p in result.paths) <= beam_size
         assert result.best.score == max(p.score for p in result.paths)
         assert result.usage.generated_tokens >= result.usage.wasted_tokens >= 0
+        assert result.usage.output_tokens == sum(p.num_tokens * p.copies for p in result.paths) > 0
+    assert runtime.metrics.generation_ticks > 0 and runtime.metrics.verifier_batch_items
+    assert_released(runtime)
 
 
+def test_cancel_mid_search_frees_its_sequences_at_once(search_backend):
+    runtime = search_backend.runtime()
+    config = preset_config("specscale", **SMALL, seed=3)
+    keep = runtime.submit(search_backend.request(0, config, "keep"))
+    runtime.step()
+    alone = runtime.stats().live_sequences  # the kept request's prompt
+    victim = runtime.submit(search_backend.request(1, config, "victim"))
+    for _ in range(12):
+        runtime.step()
+    before = runtime.stats()
+    assert before.running == 2 and before.live_sequences > alone
+    assert runtime.cancel(victim)
+    after = runtime.stats()
+    assert after.running == 1 and after.live_sequences < before.live_sequences
+    assert after.generator_kv.used_blocks < before.generator_kv.used_blocks  # freed at once, not at the next tick
+    assert runtime.result(victim).error == "cancelled"
+    while runtime.has_work():
+        runtime.step()
+    assert runtime.result(keep).error is None
+    assert_released(runtime)
+
+
+def test_admission_respects_max_concurrency(search_backend):
+    finished = []
+    runtime = search_backend.runtime(max_concurrency=2, on_finished=lambda rid, result: finished.append(rid))
+    config = preset_config("beam", beam_size=4, beam_width=2, max_rounds=3, max_step_tokens=48, seed=1)
+    for i in range(5):
+        runtime.submit(search_backend.request(i, config, None))
+    peak = 0
+    while runtime.has_work():
+        runtime.step()
+        peak = max(peak, runtime.stats().running)
+    assert peak == 2 and len(finished) == len(runtime.finished_ids()) == 5
+    assert_released(runtime)
+
+
+# ---- exact semantics on the scripted backend ---------------------------------------------------------------
 @pytest.mark.parametrize("n,m", [(8, 4), (4, 4), (16, 4), (8, 2)])
 def test_strict_pruning_and_naive_speculation_retain_what_beam_retains(n, m):
-    decisions = {}
-    for preset in ("beam", "naive-spec", "ep-strict"):
-        runtime, _ = run_preset(preset, n_requests=3, beam_size=n, beam_width=m)
-        decisions[preset] = {rid: [(d.round, d.retained) for d in state.search.decisions]
-                             for rid, state in runtime.finished.items()}
-    assert decisions["beam"] == decisions["naive-spec"] == decisions["ep-strict"]
-    assert any(len(rounds) > 2 for rounds in decisions["beam"].values())  # the test has depth
+    found = {preset: decisions(run_preset(preset, n_requests=3, beam_size=n, beam_width=m)[0])
+             for preset in ("beam", "naive-spec", "ep-strict")}
+    assert found["beam"] == found["naive-spec"] == found["ep-strict"]
+    assert any(len(rounds) > 2 for rounds in found["beam"].values())  # the test has depth
 
 
 def test_strict_pruning_cancels_work_that_naive_speculation_keeps():
     naive, _ = run_preset("naive-spec", n_requests=3)
     strict, _ = run_preset("ep-strict", n_requests=3)
-    assert sum(strict.engine.rows_per_step) < sum(naive.engine.rows_per_step)
+    assert sum(strict.generator.rows_per_step) < sum(naive.generator.rows_per_step)
 
 
 def test_perfect_scores_close_the_round_early():
     runtime, _ = run_preset("ep", n_requests=3, perfect_rate=0.35)
-    early = [d for s in runtime.finished.values() for d in s.search.decisions if d.early]
+    early = [d for rid in runtime.finished_ids() for d in runtime.search(rid).decisions if d.early]
     assert early, "no round was closed by the shortcut"
     for d in early:
         assert len(d.retained) and sum(n for _, n in d.retained) == 2  # k = 8 / 4
@@ -81,45 +123,33 @@ def test_dedup_runs_one_row_per_distinct_prefix_and_returns_the_same_paths(cd_pr
     for a, b in zip(plain_results, cd_results):
         assert logical_paths(a) == logical_paths(b)
     # every child of a prefix writes the same step here, so CD needs one row per request and round
-    assert max(cd.engine.rows_per_step) <= 4 < max(plain.engine.rows_per_step)
+    assert max(cd.generator.rows_per_step) <= 4 < max(plain.generator.rows_per_step)
 
 
 def test_dedup_round_zero_matches_separate_children_copy_for_copy():
     plain, _ = run_preset("beam", n_requests=2, max_rounds=1)
     cd, _ = run_preset("beam+cd", n_requests=2, max_rounds=1)
-    for rid in plain.finished:
-        assert logical_paths(plain.finished[rid].result) == logical_paths(cd.finished[rid].result)
+    for rid in plain.finished_ids():
+        assert logical_paths(plain.result(rid)) == logical_paths(cd.result(rid))
 
 
-def test_cancel_mid_search_frees_everything_within_one_tick():
-    runtime = make_runtime()
-    config = preset_config("specscale", beam_size=8, beam_width=4, max_rounds=8, seed=3)
-    keep = runtime.submit(SearchRequest("q0", PROMPT, config, "keep"))
-    victim = runtime.submit(SearchRequest("q1", PROMPT + [9], config, "victim"))
-    for _ in range(12):
-        runtime.step()
-    held = [s for s, p in runtime.physical.items() if p.request.request_id == victim]
-    assert held, "the victim should hold sequences mid-search"
-    assert runtime.cancel(victim)
-    assert not [s for s, p in runtime.physical.items() if p.request.request_id == victim]
-    assert all(runtime.engine.get(s) is None for s in held)
-    assert runtime.finished[victim].result.error == "cancelled"
-    while runtime.has_work():
-        runtime.step()
-    assert runtime.finished[keep].result.error is None
-    assert runtime.engine.num_live_sequences == 0
+def test_cd_rows_that_split_take_the_ids_their_expansion_reserved():
+    """A row of multiplicity m splits into at most m rows, all named by the runtime: none is unknown to it."""
+    runtime, _ = run_preset("beam+cd", n_requests=2, max_rounds=3)
+    assert max(runtime.generator.rows_per_step) > 2  # rows did split
+    assert runtime.metrics.summary()["physical_to_logical"] < 1.0
 
 
-def test_admission_respects_max_concurrency():
-    runtime = make_runtime(max_concurrency=2)
-    config = preset_config("beam", beam_size=4, beam_width=2, max_rounds=3, seed=1)
-    for i in range(5):
-        runtime.submit(SearchRequest(f"q{i}", PROMPT + [i], config))
-    peak = 0
-    while runtime.has_work():
-        runtime.step()
-        peak = max(peak, len(runtime.active))
-    assert peak == 2 and len(runtime.finished) == 5
+def test_a_runtime_driven_tick_by_tick_leaves_nothing_behind_once_idle(search_backend):
+    """Drivers that step the runtime themselves (the server, `bench latency`) stop when it has no work:
+    the operations of its last tick (the finished search's releases) must be handed over by then."""
+    runtime = search_backend.runtime(max_concurrency=2)
+    generator = runtime.generator
+    for i in range(4):  # on the simulator, request 1's last tick releases a sequence
+        runtime.submit(search_backend.request(i, preset_config("beam", **SMALL, seed=5), f"r{i}"))
+        while runtime.has_work():
+            runtime.step()
+        assert generator.num_live_sequences == 0 and generator.kv_usage.used_blocks == 0
 
 
 def two_choice_step(prefix: tuple, seed: int, final: bool) -> list[int]:
@@ -137,17 +167,17 @@ def test_cd_follows_the_plain_variants_paths_round_for_round(plain_preset, cd_pr
     CD piece by its finishing order and thinned speculative copies at random)."""
     plain, plain_results = run_preset(plain_preset, step_fn=step_fn, score_levels=score_levels)
     cd, cd_results = run_preset(cd_preset, step_fn=step_fn, score_levels=score_levels)
-    for rid in plain.finished:
+    for rid in plain.finished_ids():
         assert decisions_of(cd, rid) == decisions_of(plain, rid)
     for a, b in zip(plain_results, cd_results):
         assert logical_paths(a) == logical_paths(b)
-    assert any(len(decisions_of(plain, rid)) > 2 for rid in plain.finished)
+    assert any(len(decisions_of(plain, rid)) > 2 for rid in plain.finished_ids())
 
 
 def decisions_of(runtime, rid) -> list:
     """Each decided round's retained paths as (steps, copies), copies of one path merged."""
     out = []
-    for d in runtime.finished[rid].search.decisions:
+    for d in runtime.search(rid).decisions:
         merged: dict = {}
         for steps, copies in d.retained:
             merged[steps] = merged.get(steps, 0) + copies
@@ -160,7 +190,8 @@ def test_filter_duplicates_retains_distinct_paths_only_when_asked(preset):
     """search-and-learn's filter_duplicates: off by default (identical paths may fill the beam), on every
     beam variant when asked (every decided round retains distinct paths, one copy each)."""
     def retained_copies(runtime):
-        return [[(steps, n) for steps, n in d.retained] for s in runtime.finished.values() for d in s.search.decisions]
+        return [[(steps, n) for steps, n in d.retained]
+                for rid in runtime.finished_ids() for d in runtime.search(rid).decisions]
 
     default, _ = run_preset(preset, step_fn=two_choice_step)
     filtered, results = run_preset(preset, step_fn=two_choice_step, filter_duplicates=True)
@@ -174,7 +205,7 @@ def test_strict_pruning_with_filter_duplicates_retains_what_beam_retains():
     decisions = {}
     for preset in ("beam", "ep-strict"):
         runtime, _ = run_preset(preset, step_fn=two_choice_step, filter_duplicates=True, score_levels=4)
-        decisions[preset] = {rid: decisions_of(runtime, rid) for rid in runtime.finished}
+        decisions[preset] = {rid: decisions_of(runtime, rid) for rid in runtime.finished_ids()}
     assert decisions["beam"] == decisions["ep-strict"]
 
 

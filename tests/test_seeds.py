@@ -38,7 +38,7 @@ def test_request_seeds_0_and_15_give_different_best_of_n_samples(toy_pipeline):
     samples = []
     for seed in (0, 15, 0):
         config = preset_config("best-of-n", beam_size=4, beam_width=4, seed=seed, max_step_tokens=96)
-        result = toy_pipeline.runtime.run([toy_pipeline.request(question, config)])[0]
+        result = toy_pipeline.runtime().run([toy_pipeline.request(question, config)])[0]
         samples.append(sorted(p.text for p in result.paths for _ in range(p.copies)))
     assert samples[0] == samples[2]  # a seed reproduces
     assert samples[0] != samples[1]

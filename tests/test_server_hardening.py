@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 from live_app import API_KEY, MODEL, live_builder, serve
 
-from specscale.server.command import run_serve
+from specscale.serve import run_serve
 from specscale.server.search_builder import SearchBuilder
 from specscale.server.settings import ServerSettings
 

@@ -8,15 +8,16 @@ import asyncio
 import json
 import shutil
 import threading
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
 from checkpoints import build_stepping_generator, build_tokenizer
-from fake_backend import ScriptedEngine, ScriptedVerifier
+from search_backends import scripted_runtime
 
 from specscale.search.presets import preset_config
 from specscale.search.result import CompletedPath, SearchResult
-from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.search.runtime import SearchRequest
 from specscale.server.request_body import field_path
 from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RoundProgress
 from specscale.server.errors import APIError
@@ -25,19 +26,10 @@ from specscale.server.protocol import ChatCompletionRequest
 from specscale.server.responses import ranked_paths
 from specscale.server.search_builder import SearchBuilder
 from specscale.server.settings import ServerSettings
-from specscale.sim.clock import VirtualClock
 from specscale.tokenizer import Tokenizer
 
-
 # ---- the engine loop on the scripted backend ---------------------------------------------------------------
-def scripted_runtime(max_concurrency: int = 4) -> SearchRuntime:
-    clock = VirtualClock()
-    engine = ScriptedEngine(clock)
-    engine.block_manager.num_blocks = 1000
-    verifier = ScriptedVerifier(clock)
-    verifier.engine = SimpleNamespace(block_manager=SimpleNamespace(num_used_blocks=0, num_blocks=10),
-                                      model_memory=engine.model_memory)
-    return SearchRuntime(engine, verifier, clock=clock, max_concurrency=max_concurrency, lv_threshold_tokens=40)
+scripted = partial(scripted_runtime, 4)  # what EngineLoop builds its runtime with: (callbacks, options) -> runtime
 
 
 def search_request(i: int, preset: str = "beam") -> SearchRequest:
@@ -56,7 +48,7 @@ async def drain(handle) -> tuple[list[RoundProgress], Outcome]:
 
 def test_engine_loop_answers_searches_with_progress_and_frees_everything():
     async def main():
-        loop = EngineLoop(scripted_runtime(), ServerMetrics(), max_waiting=8)
+        loop = EngineLoop(scripted, ServerMetrics(), max_waiting=8)
         loop.start()
         handles = [loop.submit(search_request(i), "beam", wants_progress=i == 0) for i in range(6)]
         drained = [await drain(h) for h in handles]
@@ -69,12 +61,13 @@ def test_engine_loop_answers_searches_with_progress_and_frees_everything():
         assert bool(progress) == (i == 0)  # only the request that asked for progress gets it
     assert [p.round for p in drained[0][0]] == sorted(p.round for p in drained[0][0])
     assert loop.snapshot.running == 0 and loop.snapshot.kv_blocks_used == 0
-    assert not loop.runtime.finished  # no history kept
+    assert loop.snapshot.kv_blocks_total == 1000 and loop.snapshot.prm_kv_blocks_total == 10
+    assert not loop.runtime.finished_ids()  # no history kept
 
 
 def test_engine_loop_refuses_once_the_waiting_bound_is_reached():
     async def main():
-        loop = EngineLoop(scripted_runtime(max_concurrency=2), ServerMetrics(), max_waiting=3)
+        loop = EngineLoop(partial(scripted_runtime, 2), ServerMetrics(), max_waiting=3)
         answers = [loop.submit(search_request(i), "beam", wants_progress=False) for i in range(7)]
         assert loop.waiting() == 3  # 2 searches take the free slots; 3 wait, as many as the bound allows
         assert "3 searches waiting" in answers[-1].message
@@ -92,13 +85,12 @@ def test_engine_loop_refuses_once_the_waiting_bound_is_reached():
 
 def test_engine_failure_fails_open_requests_and_refuses_new_ones():
     async def main():
-        runtime = scripted_runtime()
+        loop = EngineLoop(scripted, ServerMetrics(), max_waiting=8)
 
         def broken_step():
             raise RuntimeError("kernel exploded")
 
-        runtime.step = broken_step
-        loop = EngineLoop(runtime, ServerMetrics(), max_waiting=8)
+        loop.runtime.step = broken_step
         loop.start()
         handle = loop.submit(search_request(0), "beam", wants_progress=False)
         _, outcome = await drain(handle)
@@ -112,26 +104,33 @@ def test_engine_failure_fails_open_requests_and_refuses_new_ones():
     assert loop.failure is not None
 
 
-def gate_after_first_round(runtime: SearchRuntime) -> threading.Event:
-    """Once a round has been decided, every tick waits for the returned event: the search cannot finish
-    before the test has acted (no race with a fast scripted backend)."""
-    gate = threading.Event()
-    real_step = runtime.step
+def gated_after_first_round(gate: threading.Event):
+    """A runtime factory for EngineLoop: once a round has been decided, every tick waits for `gate`, so
+    the search cannot finish before the test has acted (no race with a fast scripted backend)."""
+    def make(on_round, **options):
+        decided = threading.Event()
 
-    def gated_step():
-        if any(state.search.decisions for state in runtime.active.values()):
-            assert gate.wait(timeout=30)
-        return real_step()
+        def noting_round(request_id, decision):
+            decided.set()
+            on_round(request_id, decision)
 
-    runtime.step = gated_step
-    return gate
+        runtime = scripted(on_round=noting_round, **options)
+        real_step = runtime.step
+
+        def gated_step():
+            if decided.is_set():
+                assert gate.wait(timeout=30)
+            return real_step()
+
+        runtime.step = gated_step
+        return runtime
+    return make
 
 
 def test_stopping_cancels_open_searches():
     async def main():
-        runtime = scripted_runtime()
-        gate = gate_after_first_round(runtime)
-        loop = EngineLoop(runtime, ServerMetrics(), max_waiting=8)
+        gate = threading.Event()
+        loop = EngineLoop(gated_after_first_round(gate), ServerMetrics(), max_waiting=8)
         loop.start()
         handle = loop.submit(search_request(0), "beam", wants_progress=True)
         await asyncio.wait_for(handle.events.get(), timeout=30)  # a round was decided: it is running
@@ -146,15 +145,14 @@ def test_stopping_cancels_open_searches():
 
     outcome, loop = asyncio.run(main())
     assert outcome.result.error == "cancelled"
-    assert loop.runtime.engine.num_live_sequences == 0
+    assert loop.runtime.stats().live_sequences == 0
 
 
 def test_cancel_records_its_delay_in_ticks():
     async def main():
         metrics = ServerMetrics()
-        runtime = scripted_runtime()
-        gate = gate_after_first_round(runtime)
-        loop = EngineLoop(runtime, metrics, max_waiting=8)
+        gate = threading.Event()
+        loop = EngineLoop(gated_after_first_round(gate), metrics, max_waiting=8)
         handle = loop.submit(search_request(0), "beam", wants_progress=True)
         loop.start()
         await asyncio.wait_for(handle.events.get(), timeout=30)

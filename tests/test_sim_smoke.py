@@ -1,11 +1,13 @@
 """The simulator end to end: the real SearchRuntime, Search, verification queue, scheduler and block manager
-serve `beam` and `specscale` requests on simulated models and a virtual clock; every KV block comes back
-and a small KV pool preempts and still finishes (same seed, same run: tests/test_sim_trace.py)."""
+serve `beam` and `specscale` requests on simulated models and a virtual clock; every KV block comes back,
+a small KV pool preempts and still finishes (same seed, same run: tests/test_sim_trace.py), and
+`bench/common.py`'s runtime builder and batch loop run on a `Simulation` as on a `Pipeline`."""
 
 import time
 
 import pytest
 
+from specscale.bench.common import fresh_runtime, run_batch
 from specscale.engine.engine import Engine
 from specscale.search.presets import preset_config
 from specscale.sim.runner import SimulatedRunner
@@ -48,6 +50,16 @@ def test_a_small_kv_pool_preempts_and_still_finishes():
     assert all(r.error is None and r.paths for r in results)
     assert sim.engine.block_manager.num_free_blocks == 350
     sim.close()
+
+
+def test_the_bench_plumbing_runs_on_a_simulation_on_its_clock():
+    sim = Simulation(SimulationConfig(seed=0))
+    requests = [sim.request(p, preset_config("specscale", beam_size=4, seed=i), f"q{i}")
+                for i, p in enumerate(sim.problems(4))]
+    batch = run_batch(fresh_runtime(sim, max_concurrency=4), requests)
+    assert all(r.error is None and r.paths for r in batch.results)
+    assert sim.clock() > 0 and batch.elapsed_s == pytest.approx(sim.clock())  # simulated seconds, not wall
+    assert batch.runtime.stats().live_sequences == 0
 
 
 @pytest.mark.timeout(120)

@@ -25,7 +25,7 @@ def simulated_trace(seed: int, variant: str = "best-of-n", problems: int = 24, b
     requests = [sim.request(p, preset_config(variant, beam_size=beam_size, beam_width=4, seed=seed * 1000 + i),
                             f"q{i}") for i, p in enumerate(chosen)]
     results = runtime.run(requests)
-    traces = [trace_request(r.request_id, runtime.finished[r.request_id].search, p.question, len(p.prompt_ids),
+    traces = [trace_request(r.request_id, runtime.search(r.request_id), p.question, len(p.prompt_ids),
                             sim.tokenizer, p.answer) for r, p in zip(requests, chosen)]
     outcome = (sim.clock(), [(r.answer, r.usage, r.timings, [p.step_scores for p in r.paths]) for r in results])
     assert sim.engine.block_manager.num_free_blocks == sim.engine.block_manager.num_blocks

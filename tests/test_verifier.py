@@ -5,17 +5,17 @@ cleaning, the KV pool bounds of the cache. Every test ends with zero KV blocks i
 import pytest
 import torch
 from checkpoints import build_llama_prm_checkpoint, build_qwen_prm_checkpoint
-from fake_backend import EOS, NEWLINE, ScriptedEngine, seeded_step
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, LlamaForCausalLM, Qwen2Config, Qwen2Model
 
 from specscale.config import EngineConfig
+from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
-from specscale.tasks.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
+from specscale.sim.scripted_generator import EOS, NEWLINE, ScriptedGenerator, seeded_step
 from specscale.verify import (
     QwenMathPRMFormat,
     RLHFlowFormat,
@@ -386,7 +386,7 @@ def test_best_of_n_scores_every_step_of_a_whole_solution(family, request):
     best-of-N's whole text (and beam search's final round) as one step."""
     verifier = make_verifier(prm_dir(request, family))
     clock = VirtualClock()
-    runtime = SearchRuntime(ScriptedEngine(clock, three_step_solution), verifier, clock=clock)
+    runtime = SearchRuntime(ScriptedGenerator(clock, three_step_solution), verifier, clock=clock)
     config = preset_config("best-of-n", beam_size=2, beam_width=2, seed=5)
     result = runtime.run([SearchRequest(QUESTION, [1, 2, 3], config)])[0]
     assert result.paths

@@ -7,7 +7,7 @@
    size: time split (generation / verification / other), verifier batch sizes (paths and PRM tokens
    per call), PRM tokens/s per call, physical-to-logical sequence ratio, losing-branch lifetime and
    cancelled tokens, peak KV blocks, lazy-verification flush reasons. The generator and the verifier
-   are wrapped (same objects, every call timed), so each generator iteration's time is fitted as
+   backends are wrapped (same protocols, every call timed), so each generator iteration's time is fitted as
    `fixed + per_row * rows` and each PRM call's as `fixed + per_token * tokens`; the time spent sizing
    queued steps for the PRM (`tokens_to_compute`, part of "other") is measured separately.
 3. From the `beam` runs (every candidate finishes and is scored once): the common-prefix token ratio
@@ -25,6 +25,7 @@ import pstats
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from specscale.bench.common import (
     new_figure, percentile, progress_bar, run_batch, search_requests, serving_numbers, start_run, toy_workload,
     write_outputs,
 )
+from specscale.engine.block_manager import KVUsage
+from specscale.search.backend import GeneratorBackend, SequenceOp, SequenceUpdate, VerifierBackend
+from specscale.verify.prm import ScoreRequest, ScoreResult
 
 NAME = "characterize"
 FULL = {"problems": 32, "repeats": 3, "beam_sizes": [8], "max_rounds": 40, "variants": list(LADDER),
@@ -73,48 +77,63 @@ def run(args) -> int:
     return 0
 
 
-# ---- instrumented stand-ins for the generator engine and the verifier -------------------------------
-class TimedEngine:
-    """The generator engine with every iteration timed: (sequences advanced, seconds) per step()."""
+# ---- instrumented stand-ins for the generator and the verifier backends ----------------------------
+class TimedGenerator:
+    """A generator backend with every iteration timed: (sequences advanced, seconds) per step()."""
 
-    def __init__(self, engine):
-        self._engine = engine
+    def __init__(self, backend: GeneratorBackend):
+        self._backend = backend
         self.iterations: list[tuple[int, float]] = []
 
-    def step(self):
-        start = time.perf_counter()
-        outputs = self._engine.step()
-        self.iterations.append((len(outputs), time.perf_counter() - start))
-        return outputs
+    def apply(self, ops: Sequence[SequenceOp]) -> None:
+        self._backend.apply(ops)
 
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
+    def step(self) -> list[SequenceUpdate]:
+        start = time.perf_counter()
+        updates = self._backend.step()
+        self.iterations.append((len(updates), time.perf_counter() - start))
+        return updates
+
+    def has_work(self) -> bool:
+        return self._backend.has_work()
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._backend.decode(token_ids)
+
+    @property
+    def num_live_sequences(self) -> int:
+        return self._backend.num_live_sequences
+
+    @property
+    def kv_usage(self) -> KVUsage:
+        return self._backend.kv_usage
 
 
 class TimedVerifier:
-    """The verifier with every PRM call timed (paths, computed tokens, seconds) and the time spent
+    """A verifier backend with every PRM call timed (paths, computed tokens, seconds) and the time spent
     sizing queued steps (`tokens_to_compute`) summed."""
 
-    def __init__(self, verifier):
-        self._verifier = verifier
+    def __init__(self, backend: VerifierBackend):
+        self._backend = backend
         self.calls: list[tuple[int, int, float]] = []
         self.sizing_s = 0.0
 
-    def score(self, requests):
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
         start = time.perf_counter()
-        results = self._verifier.score(requests)
+        results = self._backend.score(requests)
         tokens = sum(r.computed_tokens for r in results)
         self.calls.append((len(requests), tokens, time.perf_counter() - start))
         return results
 
-    def tokens_to_compute(self, request) -> int:
+    def tokens_to_compute(self, request: ScoreRequest) -> int:
         start = time.perf_counter()
-        tokens = self._verifier.tokens_to_compute(request)
+        tokens = self._backend.tokens_to_compute(request)
         self.sizing_s += time.perf_counter() - start
         return tokens
 
-    def __getattr__(self, name):
-        return getattr(self._verifier, name)
+    @property
+    def kv_usage(self) -> KVUsage:
+        return self._backend.kv_usage
 
 
 # ---- 1. waiting at batch size 1 ---------------------------------------------------------------------
@@ -127,7 +146,7 @@ def waiting_at_batch_size_one(pipeline, args) -> dict:
         batch = run_batch(fresh_runtime(pipeline, 1), requests, bar)
     per_request = []
     for problem, request in zip(problems, requests):
-        rounds = batch.runtime.finished[request.request_id].search.round_waiting
+        rounds = batch.runtime.search(request.request_id).round_waiting
         idle, busy = sum(i for i, _ in rounds), sum(b for _, b in rounds)
         per_request.append({"events": len(problem.ops), "ratio": idle / (idle + busy) if idle + busy else 0.0})
     by_events = defaultdict(list)
@@ -150,19 +169,20 @@ def measure(pipeline, args, problems) -> tuple[list[dict], dict]:
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (variant, n) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n}")
-            engine, verifier = TimedEngine(pipeline.engine), TimedVerifier(pipeline.verifier)
-            runtime = fresh_runtime(pipeline, args.max_concurrency, engine=engine, verifier=verifier)
+            generator, verifier = pipeline.backends()
+            generator, verifier = TimedGenerator(generator), TimedVerifier(verifier)
+            runtime = fresh_runtime(pipeline, args.max_concurrency, generator=generator, verifier=verifier)
             requests = search_requests(pipeline, problems, variant, args.seed, beam_size=n,
                                        beam_width=args.beam_width, max_rounds=args.max_rounds)
             batch = run_batch(runtime, requests, bar)
             runs.append({"variant": variant, "beam_size": n, "repeat": repeat,
-                         **characterization(batch, problems, engine, verifier)})
+                         **characterization(batch, problems, generator, verifier)})
             if repeat == 0:
-                searches[(variant, n)] = [s.search for s in runtime.finished.values()]
+                searches[(variant, n)] = [runtime.search(r.request_id) for r in requests]
     return runs, searches
 
 
-def characterization(batch, problems, engine: TimedEngine, verifier: TimedVerifier) -> dict:
+def characterization(batch, problems, engine: TimedGenerator, verifier: TimedVerifier) -> dict:
     metrics = batch.runtime.metrics
     numbers = serving_numbers(batch, problems)
     iteration_fixed, iteration_per_row = linear_fit(engine.iterations)
@@ -193,7 +213,7 @@ def characterization(batch, problems, engine: TimedEngine, verifier: TimedVerifi
         "losing_lifetime_median_s": percentile(metrics.cancelled_lifetimes_s, 50),
         "losing_lifetime_p90_s": percentile(metrics.cancelled_lifetimes_s, 90),
         "waiting_time_ratio": metrics.summary()["waiting_time_ratio"],
-        "flush_reasons": dict(batch.runtime.queue.flush_reasons),
+        "flush_reasons": batch.runtime.flush_reasons,
         "samples": {
             "verifier_batch_items": list(metrics.verifier_batch_items),
             "verifier_batch_tokens": list(metrics.verifier_batch_tokens),

@@ -3,8 +3,9 @@
 - arguments: `add_common_arguments` (workload, models, `--out`, `--quick`) and `apply_mode_defaults`,
   which fills the options a user left unset from the sub-command's full or quick defaults;
 - the serving stack: `open_pipeline` builds the generator engine and the PRM verifier once;
-  `run_batch` issues a list of requests at once through a fresh `SearchRuntime` (fresh metrics, the
-  PRM's step-prefix cache emptied, so no run inherits another's work) and times it;
+  `fresh_runtime` gives a `SearchRuntime` with fresh metrics over a `Pipeline` or a simulator's
+  `Simulation` (the PRM's step-prefix cache emptied, so no run inherits another's work), and
+  `run_batch` issues a list of requests at once through it (`SearchRuntime.run`) and times it;
 - the workload: `toy_workload` (held-out toy problems, a fixed problem set) and `paired_seed` (the
   same sampling seed for a problem in every variant, so variants differ only by their policies);
 - repeats: `interleaved` orders the runs of one repeat with every variant in it, rotated from
@@ -36,12 +37,13 @@ from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.presets import preset_config
 from specscale.search.result import SearchResult
 from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.sim.simulation import Simulation
 from specscale.tasks.toy import ToyProblem, is_correct, toy_problems
 
 LADDER = ("beam", "beam+cd", "naive-spec", "fasttts", "fasttts-xb", "ep-strict", "ep", "ep+cd", "specscale")
 PROBLEM_SET_SEED = 0  # every sub-command draws its problems from the same held-out set
 SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE + i
-DEFAULT_CONCURRENCY = 32  # at most 32 requests in flight (docs/BENCHMARKS.md)
+DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight
 QUIET_CPU = 0.15  # share of all CPUs busy with other processes above which timings are flagged untrustworthy
 
 
@@ -56,7 +58,7 @@ def add_common_arguments(parser, variants: bool = True, problems: bool = True) -
     parser.add_argument("--repeats", type=int, default=None, help="repeats; the median is reported")
     parser.add_argument("--beam-sizes", type=int_list, default=None, help="comma-separated beam sizes N")
     parser.add_argument("--beam-width", type=int, default=4, help="children per retained path M")
-    parser.add_argument("--max-rounds", type=int, default=None, help="rounds per search (default 40)")
+    parser.add_argument("--max-rounds", type=int, default=None, help="rounds per search (SearchConfig's default: 40)")
     parser.add_argument("--max-concurrency", type=int, default=None,
                         help=f"requests in flight at most (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--seed", type=int, default=0, help="first sampling seed")
@@ -118,16 +120,17 @@ def open_pipeline(args, **config) -> Pipeline:
     ))
 
 
-def fresh_runtime(pipeline: Pipeline, max_concurrency: int, engine=None, verifier=None, **callbacks) -> SearchRuntime:
-    """A runtime with empty metrics over the pipeline's models (or instrumented stand-ins for them)."""
-    pipeline.verifier.clear()  # no run may reuse PRM prefixes another variant computed
-    return SearchRuntime(engine or pipeline.engine, verifier or pipeline.verifier, max_concurrency=max_concurrency,
-                         lv_threshold_tokens=pipeline.lv_threshold_tokens, **callbacks)
+def fresh_runtime(stack: Pipeline | Simulation, max_concurrency: int, **options) -> SearchRuntime:
+    """A runtime with empty metrics over the stack's backends; options: `runtime`'s (instrumented
+    stand-ins for the backends, callbacks)."""
+    stack.verifier.clear()  # no run may reuse PRM prefixes another variant computed
+    return stack.runtime(max_concurrency, **options)
 
 
 @dataclass
 class BatchRun:
-    """One batch of requests served to completion: results in request order, wall time, the runtime."""
+    """One batch of requests served to completion: results in request order, time on the runtime's
+    clock, the runtime."""
 
     results: list[SearchResult]
     elapsed_s: float
@@ -136,16 +139,12 @@ class BatchRun:
 
 
 def run_batch(runtime: SearchRuntime, requests: list[SearchRequest], progress=None) -> BatchRun:
-    """Issue every request at once and step the runtime until all are answered."""
+    """Issue every request at once and step the runtime until all are answered; elapsed_s is read on the
+    runtime's clock (wall seconds on a `Pipeline`, simulated seconds on a `Simulation`)."""
     load = os.getloadavg()[0]
-    ids = [runtime.submit(request) for request in requests]
-    start = time.perf_counter()
-    while runtime.has_work():
-        finished = runtime.step()
-        if progress is not None and finished:
-            progress.update(len(finished))
-    elapsed = time.perf_counter() - start
-    return BatchRun([runtime.finished[i].result for i in ids], elapsed, runtime, load)
+    start = runtime.clock()
+    results = runtime.run(requests, progress=None if progress is None else progress.update)
+    return BatchRun(results, runtime.clock() - start, runtime, load)
 
 
 def start_run(name: str, args, full: dict, quick: dict, warm_variants: Iterable[str] | None = None):
@@ -198,7 +197,7 @@ def vote_is_right(problem: ToyProblem, answer: str | None) -> bool:
 
 
 def serving_numbers(run: BatchRun, problems: list[ToyProblem]) -> dict[str, float]:
-    """Throughput numbers of one batch (docs/BENCHMARKS.md): output tokens are the returned paths' tokens."""
+    """Throughput numbers of one batch (docs/BENCHMARKS.md): output tokens are the tokens of the returned paths."""
     elapsed = run.elapsed_s
     metrics = run.runtime.metrics.summary()
     usage = [r.usage for r in run.results]

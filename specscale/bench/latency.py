@@ -120,7 +120,7 @@ def serve_open_loop(pipeline, max_concurrency: int, requests, arrivals: list[flo
             time.sleep(max(pending[0][0] - now, 0.0))
     out = []
     for request_id, arrival in zip(ids, arrivals):
-        result = runtime.finished[request_id].result
+        result = runtime.result(request_id)
         latency = finished_at[request_id] - (start + arrival)
         out.append({"arrival_s": arrival, "latency_s": latency, "output_tokens": result.usage.output_tokens,
                     "queued_s": result.timings.queued_s})

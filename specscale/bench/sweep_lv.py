@@ -78,7 +78,7 @@ def measure(pipeline, args, problems, cells, points) -> list[dict]:
                                        beam_width=args.beam_width, max_rounds=args.max_rounds, **point["overrides"])
             batch = run_batch(fresh_runtime(pipeline, args.max_concurrency), requests, bar)
             runs.append({"variant": label, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems),
-                         "flush_reasons": dict(batch.runtime.queue.flush_reasons)})
+                         "flush_reasons": batch.runtime.flush_reasons})
     return runs
 
 

@@ -14,8 +14,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from specscale.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    """KV blocks in use out of a pool's total."""
+
+    used_blocks: int
+    total_blocks: int
 
 
 class BlockManager:
@@ -38,6 +47,10 @@ class BlockManager:
     @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self.free_list)
+
+    @property
+    def usage(self) -> KVUsage:
+        return KVUsage(self.num_used_blocks, self.num_blocks)
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """New blocks (copy-on-write included) to give seq KV slots for num_new_tokens more tokens."""

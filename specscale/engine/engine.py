@@ -30,7 +30,7 @@ from specscale.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
 from specscale.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 from specscale.engine.model_runner import ModelRunner, RunnerOutput
 from specscale.model.memory import ModelMemory
-from specscale.model.runner import TorchModelRunner
+from specscale.engine.torch_runner import TorchModelRunner
 from specscale.tokenizer import Tokenizer
 
 

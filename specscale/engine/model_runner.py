@@ -4,7 +4,7 @@ The engine (scheduler, block manager, sampler, stop detection) never touches wei
 iteration it hands its scheduled batch to a runner and gets back the head outputs of the rows that need
 one. Two runners implement it:
 
-- `specscale.model.runner.TorchModelRunner`: a Qwen2 / Llama checkpoint on its paged KV pool (CPU or CUDA);
+- `specscale.engine.torch_runner.TorchModelRunner`: a Qwen2 / Llama checkpoint on its paged KV pool (CPU or CUDA);
 - `specscale.sim.runner.SimulatedRunner`: synthetic head outputs from a workload model and a virtual clock
   advanced by a cost model, so the real engine runs "any model on any device" in simulated time.
 """

@@ -27,7 +27,7 @@ from specscale.evaluation.results import ResultsFolder
 from specscale.grading import DATASETS, AnswerGrader, Problem, load_problems, shared_grader
 from specscale.search.presets import PRESETS, preset_config
 from specscale.search.result import SearchResult
-from specscale.tasks.prompts import MATH_SYSTEM_PROMPT
+from specscale.prompts import MATH_SYSTEM_PROMPT
 
 NAME = "eval"
 GRADE_TIMEOUT_S = 5.0  # math-verify's default per comparison; a longer one counts as wrong
@@ -142,9 +142,8 @@ def run_cell(pipeline, args, results: ResultsFolder, preset: str, seed: int, tod
     try:
         batch = run_batch(runtime, requests, progress)
     except KeyboardInterrupt:
-        runtime.on_finished = None  # what is cancelled now is not a result
-        for request_id in by_id:
-            runtime.cancel(request_id)  # frees the searches' KV at once
+        for request_id in by_id:  # frees the searches' KV at once; what is cancelled now is not a result
+            runtime.cancel(request_id, notify=False)
         raise
     results.add_batch({"preset": preset, "seed": seed, "searches": len(todo), "elapsed_s": batch.elapsed_s,
                        "output_tokens": sum(r.usage.output_tokens for r in batch.results),

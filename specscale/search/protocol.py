@@ -58,13 +58,6 @@ class Cancelled:
     time: float
 
 
-@dataclass(frozen=True)
-class Tick:
-    """A scheduling tick passed (used by policies that count ticks)."""
-
-    time: float
-
-
 # ---- actions ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Expand:
@@ -144,4 +137,4 @@ class Done:
 
 
 Action = Expand | Verify | Cancel | Release | SetPriority | Pause | Resume | Done
-Event = StepFinished | GenerationLost | ScoresArrived | Cancelled | Tick
+Event = StepFinished | GenerationLost | ScoresArrived | Cancelled

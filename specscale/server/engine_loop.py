@@ -4,9 +4,10 @@ The runtime is not thread-safe, so only this thread calls it. Asyncio handlers t
 `submit` and `cancel`, which append commands to an inbox under a condition variable and wake the
 thread. The thread loops: take the inbox's commands (sleeping on the condition while there is nothing
 to run: never a busy loop), apply them (submit / cancel: a cancel frees the search's KV blocks at
-once), run one `runtime.step()` if anything can run, publish an `EngineSnapshot`. The runtime's
-callbacks (`on_round`, `on_finished`) hand `RoundProgress` and `Outcome` events to each request's
-asyncio queue through `loop.call_soon_threadsafe`, so handlers simply await them.
+once), run one `runtime.step()` if anything can run, publish an `EngineSnapshot` from `runtime.stats()`.
+The loop builds its runtime with its own callbacks (`on_round`, `on_finished`), which hand `RoundProgress`
+and `Outcome` events to each request's asyncio queue through `loop.call_soon_threadsafe`, so handlers
+simply await them; the runtime keeps no finished history. It uses only the runtime's public surface.
 
 Overload control: a submit is refused (`Refusal`, HTTP 429) once the searches accepted but not yet
 admitted by the runtime reach `max_waiting` beyond the runtime's free slots, so the queue is bounded.
@@ -19,12 +20,12 @@ import asyncio
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specscale.model.memory import MIB, process_resident_bytes
-from specscale.search.metrics import RunMetrics
 from specscale.search.result import SearchResult
-from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.search.runtime import RuntimeStats, SearchRequest, SearchRuntime
 from specscale.server.metrics import ServerMetrics
 
 log = logging.getLogger("specscale.server")
@@ -111,23 +112,26 @@ class _Inbox:
 
 
 class EngineLoop:
-    def __init__(self, runtime: SearchRuntime, metrics: ServerMetrics, max_waiting: int, retry_after_s: int = 1):
-        self.runtime = runtime
+    """make_runtime: builds the runtime from its callbacks and options (`Pipeline.runtime`)."""
+
+    def __init__(self, make_runtime: Callable[..., SearchRuntime], metrics: ServerMetrics, max_waiting: int,
+                 retry_after_s: int = 1, model_memory: Callable[[], dict] | None = None):
+        self.runtime = make_runtime(on_round=self._on_round, on_finished=self._on_finished, keep_finished=False)
+        self._model_memory = model_memory  # {"generator": ..., "prm": ...} for /health (Pipeline.model_memory)
         self.metrics = metrics
         self.max_waiting = max_waiting
         self.retry_after_s = retry_after_s
-        runtime.on_round = self._on_round
-        runtime.on_finished = self._on_finished
+        stats = self.runtime.stats()
         self._condition = threading.Condition()
         self._inbox = _Inbox()  # guarded by _condition, like the three fields below
         self._runtime_waiting = 0
-        self._free_slots = runtime.max_concurrency
+        self._free_slots = stats.free_slots
         self._stopping = False
         self._handles: dict[str, RequestHandle] = {}  # engine thread only
         self._ticks = 0
         self._finished_generated_tokens = 0
-        self.snapshot = EngineSnapshot(kv_blocks_total=self._generator_blocks().num_blocks,
-                                       prm_kv_blocks_total=self._prm_blocks().num_blocks)
+        self.snapshot = EngineSnapshot(kv_blocks_total=stats.generator_kv.total_blocks,
+                                       prm_kv_blocks_total=stats.verifier_kv.total_blocks)
         self._thread = threading.Thread(target=self._run, name="specscale-engine", daemon=True)
 
     # ---- lifecycle (any thread) -------------------------------------------------------------------
@@ -222,9 +226,7 @@ class EngineLoop:
 
     def _has_runnable_work(self) -> bool:
         """Something a tick would advance: a request to admit, engine work or queued PRM scoring."""
-        runtime = self.runtime
-        admittable = bool(runtime.waiting) and len(runtime.active) < runtime.max_concurrency
-        return admittable or runtime.engine.has_work() or bool(runtime.queue)
+        return self.runtime.can_progress()
 
     def _apply(self, command: _Submit | _Cancel) -> None:
         if isinstance(command, _Submit):
@@ -232,49 +234,38 @@ class EngineLoop:
             self.runtime.submit(command.request)
         elif self.runtime.cancel(command.request_id):
             self.metrics.cancellation(command.reason, self._ticks - command.requested_at_tick)
-        self.runtime.finished.clear()  # results went out through on_finished; keep no history
 
     def _tick(self) -> None:
         self.runtime.step()
         self._ticks += 1
-        self.runtime.finished.clear()
         self._record_verifier_batches()
-        active = sum(state.generated_tokens for state in self.runtime.active.values())
+        active = self.runtime.stats().generated_tokens_in_flight
         self.metrics.generated_total(self._finished_generated_tokens + active)
 
     def _record_verifier_batches(self) -> None:
         """Fold the runtime's per-run lists into the server's histograms and start them afresh, so a
         server that runs for days keeps no per-tick history."""
-        run = self.runtime.metrics
+        run = self.runtime.take_metrics()
         for items, tokens in zip(run.verifier_batch_items, run.verifier_batch_tokens, strict=True):
             self.metrics.verifier_batch(items, tokens)
-        self.runtime.metrics = RunMetrics()
 
     def _publish(self) -> None:
-        runtime = self.runtime
+        stats: RuntimeStats = self.runtime.stats()
         with self._condition:
-            self._runtime_waiting = len(runtime.waiting)
-            self._free_slots = max(runtime.max_concurrency - len(runtime.active), 0)
+            self._runtime_waiting = stats.waiting
+            self._free_slots = stats.free_slots
             self.snapshot = EngineSnapshot(
-                ticks=self._ticks, running=len(runtime.active), waiting=self._waiting(),
-                kv_blocks_used=self._generator_blocks().num_used_blocks,
-                kv_blocks_total=self._generator_blocks().num_blocks,
-                prm_kv_blocks_used=self._prm_blocks().num_used_blocks,
-                prm_kv_blocks_total=self._prm_blocks().num_blocks,
-                live_sequences=runtime.engine.num_live_sequences,
+                ticks=self._ticks, running=stats.running, waiting=self._waiting(),
+                kv_blocks_used=stats.generator_kv.used_blocks, kv_blocks_total=stats.generator_kv.total_blocks,
+                prm_kv_blocks_used=stats.verifier_kv.used_blocks, prm_kv_blocks_total=stats.verifier_kv.total_blocks,
+                live_sequences=stats.live_sequences,
             )
 
     def memory(self) -> dict:
-        """Resident memory: the process's RSS and what each model holds (model/memory.py); any thread."""
-        return {"process_rss_mib": round(process_resident_bytes() / MIB, 1),
-                "generator": self.runtime.engine.model_memory().as_dict(),
-                "prm": self.runtime.verifier.engine.model_memory().as_dict()}
-
-    def _generator_blocks(self):
-        return self.runtime.engine.block_manager
-
-    def _prm_blocks(self):
-        return self.runtime.verifier.engine.block_manager
+        """Resident memory: the process's RSS and, when the loop was given `model_memory`, what each model
+        holds (model/memory.py); any thread."""
+        models = self._model_memory() if self._model_memory is not None else {}
+        return {"process_rss_mib": round(process_resident_bytes() / MIB, 1), **models}
 
     # ---- runtime callbacks (engine thread, inside submit / cancel / step) --------------------------------
     def _on_round(self, request_id: str, decision) -> None:
@@ -297,7 +288,6 @@ class EngineLoop:
     def _cancel_everything(self) -> None:
         for request_id in list(self._handles):
             self.runtime.cancel(request_id)
-        self.runtime.finished.clear()
 
     def _fail(self, reason: str) -> None:
         with self._condition:

@@ -17,6 +17,7 @@ import jinja2
 
 from specscale.chat_text import render_chat_text
 from specscale.config import SearchConfig
+from specscale.prompts import chat_messages
 from specscale.search.presets import PRESETS, preset_config
 from specscale.search.runtime import SearchRequest
 from specscale.server.errors import APIError
@@ -69,8 +70,7 @@ class SearchBuilder:
             prompt = prompt[0]
         if not prompt.strip():
             raise APIError(400, "prompt: the question must not be empty", "prompt")
-        turns = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": prompt}]
-        ids = self._encode_chat(turns, "prompt")
+        ids = self._encode_chat(chat_messages(prompt, self.system_prompt), "prompt")
         self._check_question_fits_prm(prompt, "prompt")
         return self._prepare(body, prompt, ids, request_id)
 

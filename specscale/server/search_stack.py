@@ -30,7 +30,8 @@ class SearchStack:
         shared_grader().start()  # votes over non-numeric answers use math-verify: its worker imports while models load
         pipeline = Pipeline(pipeline_config)
         metrics = ServerMetrics()
-        engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s)
+        engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s,
+                                 model_memory=pipeline.model_memory)
         builder = SearchBuilder(pipeline.engine.tokenizer, pipeline.config.system_prompt,
                                 pipeline.engine.max_model_len, pipeline.verifier.format,
                                 pipeline.verifier.max_input_tokens, settings)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from specscale.config import EngineConfig, SearchConfig
 from specscale.engine.engine import Engine
+from specscale.search.backend import GeneratorBackend, VerifierBackend
+from specscale.search.engine_backend import EngineBackend
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
 from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel, kv_capacity
@@ -99,12 +101,20 @@ class Simulation:
     def request(self, problem: Problem, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
         return SearchRequest(problem.question, list(problem.prompt_ids), config, request_id)
 
-    def runtime(self, max_concurrency: int = 32, lv_threshold_tokens: int | None = None, **callbacks) -> SearchRuntime:
-        """A SearchRuntime on the simulated backend and clock; the LV threshold defaults to the simulated
-        PRM's profiled knee."""
-        threshold = lv_threshold_tokens or self.lv_threshold()
-        return SearchRuntime(self.engine, self.verifier, clock=self.clock, max_concurrency=max_concurrency,
-                             lv_threshold_tokens=threshold, **callbacks)
+    def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
+        """The simulated generator engine and verifier as the runtime sees them (a fresh id mapping each time)."""
+        return EngineBackend(self.engine), self.verifier
+
+    def runtime(self, max_concurrency: int = 32, generator: GeneratorBackend | None = None,
+                verifier: VerifierBackend | None = None, lv_threshold_tokens: int | None = None,
+                **options) -> SearchRuntime:
+        """A SearchRuntime on the simulated backends (or instrumented stand-ins for them) and the virtual
+        clock; the LV threshold defaults to the simulated PRM's profiled knee. options: `SearchRuntime`'s
+        callbacks and keep_finished. Same signature as `Pipeline.runtime`."""
+        own_generator, own_verifier = self.backends()
+        return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
+                             max_concurrency=max_concurrency,
+                             lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold(), **options)
 
     def lv_threshold(self) -> int:
         """`specscale profile-prm`'s knee, computed on the cost model for the batches it measures."""

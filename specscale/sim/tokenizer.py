@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from specscale.tasks.prompts import PRM_SYSTEM_PROMPT
+from specscale.prompts import PRM_SYSTEM_PROMPT, STEP_SEPARATOR
 from specscale.tokenizer import added_token_pattern, render_chat
 
 CHATML_TEMPLATE = (
@@ -54,7 +54,7 @@ class SyntheticTokenizer:
         self.bos_token, self.eos_token = None, EOS_TEXT
         self._texts: list[str] = []
         self.eos = self._add(EOS_TEXT)
-        self.delimiter = self._add("\n\n")
+        self.delimiter = self._add(STEP_SEPARATOR)
         self.answer_values = tuple(str(v) for v in range(answers))
         self.answer_ids = self._add_all(f" \\boxed{{{v}}}" for v in self.answer_values)
         self.final_good, self.final_slip = self._add(" Therefore"), self._add(" Hence")

@@ -31,12 +31,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from specscale.grading import extract_answer
+from specscale.prompts import STEP_SEPARATOR
 from specscale.sim.calibrate import top_token_prob
 from specscale.sim.workload import PRMScoreParams, WorkloadParams
 
 FORMAT = "specscale-trace"
 VERSION = 1
-STEP_DELIMITER = "\n\n"
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,8 @@ def trace_request(request_id: str, search, question: str, prompt_tokens: int, to
 
 def split_steps(text: str) -> list[str]:
     """A candidate's text cut after each step delimiter; the last piece may end at EOS instead."""
-    pieces = [piece + STEP_DELIMITER for piece in text.split(STEP_DELIMITER)]
-    pieces[-1] = pieces[-1][: -len(STEP_DELIMITER)]
+    pieces = [piece + STEP_SEPARATOR for piece in text.split(STEP_SEPARATOR)]
+    pieces[-1] = pieces[-1][: -len(STEP_SEPARATOR)]
     return [piece for piece in pieces if piece.strip()]
 
 

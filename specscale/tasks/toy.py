@@ -47,8 +47,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specscale.tasks.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT, STEP_SEPARATOR
-from specscale.tasks.prompts import TOY_GENERATOR_SYSTEM_PROMPT as GENERATOR_SYSTEM_PROMPT
+from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT, STEP_SEPARATOR, chat_messages
+from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT as GENERATOR_SYSTEM_PROMPT
 from specscale.tasks.toy_check import first_error, label_steps
 from specscale.tasks.toy_core import (
     MAX_OPS,
@@ -92,11 +92,8 @@ TOY_PRM_DIR = ASSETS_DIR / "toy-prm"
 
 
 def generator_messages(question: str) -> list[dict[str, str]]:
-    """The chat a generator is prompted with; apply the chat template with add_generation_prompt=True."""
-    return [
-        {"role": "system", "content": GENERATOR_SYSTEM_PROMPT},
-        {"role": "user", "content": question},
-    ]
+    """The chat the toy generator is prompted with; apply the chat template with add_generation_prompt=True."""
+    return chat_messages(question, GENERATOR_SYSTEM_PROMPT)
 
 
 def is_correct(problem: ToyProblem, text: str) -> bool:

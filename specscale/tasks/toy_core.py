@@ -9,7 +9,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from specscale.tasks.prompts import STEP_SEPARATOR
+from specscale.prompts import STEP_SEPARATOR
 
 MAX_VALUE = 30
 MAX_OPERAND = 12  # largest number added or taken away in one event

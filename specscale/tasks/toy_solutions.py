@@ -26,7 +26,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from specscale.tasks.prompts import STEP_SEPARATOR
+from specscale.prompts import STEP_SEPARATOR
 from specscale.tasks.toy_core import MAX_VALUE, Op, ToyProblem, apply_op
 
 

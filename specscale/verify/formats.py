@@ -39,7 +39,7 @@ from typing import ClassVar
 import torch
 
 from specscale.chat_text import ChatText, render_chat_text
-from specscale.tasks.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
+from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT, STEP_SEPARATOR
 from specscale.tokenizer import Tokenizer
 
 # Stands in for text while a template is rendered, to find where that text lands (Unicode private use).
@@ -47,13 +47,10 @@ PLACEHOLDER = "\ue000placeholder\ue001"
 PIECE_MEMO_SIZE = 1 << 16  # distinct piece texts whose token ids are remembered per format
 
 
-STEP_DELIMITER = "\n\n"
-
-
 def clean_steps(steps: Sequence[str]) -> list[str]:
     """Steps as they are scored: every given step split on "\\n\\n", trailing newlines removed, empty (or
     blank) pieces dropped."""
-    cleaned = (piece.rstrip("\n") for step in steps for piece in step.split(STEP_DELIMITER))
+    cleaned = (piece.rstrip("\n") for step in steps for piece in step.split(STEP_SEPARATOR))
     return [piece for piece in cleaned if piece.strip()]
 
 

@@ -6,7 +6,7 @@ weights ``model.*``, ``score.0.*``, ``score.2.*``), so a checkpoint in that layo
 ``Qwen2ForProcessRewardModel.from_pretrained(path)`` without remote code. ``model(input_ids)[0]`` is the
 logits tensor ``[batch, seq_len, 2]``.
 
-``score_steps(model, tokenizer, question, steps)`` and ``score_batch`` follow the model card: the chat
+``score_batch(model, tokenizer, [(question, steps), ...])`` follows the model card: the chat
 ``system / user question / assistant = steps joined by <extra_0> plus a final <extra_0>`` rendered by
 the PRM tokenizer's template, then P(class 1) at every ``<extra_0>``, computed in the model's dtype
 (so a bf16 PRM gives scores of exactly 1.0 when it is sure). This is the reference the engine's
@@ -20,8 +20,8 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2Model, Qwen2PreTrainedModel
 from transformers.modeling_outputs import TokenClassifierOutput
 
-from specscale.tasks.prompts import PRM_STEP_TAG as STEP_TAG
-from specscale.tasks.prompts import PRM_SYSTEM_PROMPT
+from specscale.prompts import PRM_STEP_TAG as STEP_TAG
+from specscale.prompts import PRM_SYSTEM_PROMPT
 
 
 class Qwen2ForProcessRewardModel(Qwen2PreTrainedModel):
@@ -98,8 +98,3 @@ def score_batch(model, tokenizer, items: list[tuple[str, list[str]]], batch_size
         for row, i in enumerate(chunk):
             scores[i] = probs[row][(ids[row] == tag_id) & (mask[row] == 1), 1].float().tolist()
     return scores
-
-
-def score_steps(model, tokenizer, question: str, steps: list[str]) -> list[float]:
-    """Step scores of one solution (one P(good) per step)."""
-    return score_batch(model, tokenizer, [(question, steps)])[0]

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specscale.config import EngineConfig
+from specscale.engine.block_manager import KVUsage
 from specscale.engine.engine import Engine
 from specscale.engine.sequence import FinishReason, SequenceStatus
 from specscale.model.loader import read_hf_config
@@ -249,6 +250,11 @@ class Verifier:
         if self.format.uses_lm_head != has_lm_head:
             kind = "an LM head" if self.format.uses_lm_head else "a 2-class score head"
             raise ValueError(f"format {self.format.name} needs {kind}; {self.config.engine.model} has another")
+
+    @property
+    def kv_usage(self) -> KVUsage:
+        """The PRM engine's KV blocks in use (the cached step prefixes hold some)."""
+        return self.engine.block_manager.usage
 
     @property
     def max_input_tokens(self) -> int:
