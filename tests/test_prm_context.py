@@ -34,7 +34,7 @@ def test_the_verifier_flags_an_input_past_the_prm_context(pipeline):
 
 def test_a_search_past_the_prm_context_returns_paths_that_carry_the_error(pipeline):
     config = preset_config("beam", beam_size=4, beam_width=2, max_rounds=8, max_step_tokens=24, seed=3)
-    results = pipeline.runtime.run([pipeline.request(f"Question {i}: 12 + {i} = ?", config, f"r{i}") for i in range(3)])
+    results = pipeline.runtime().run([pipeline.request(f"Question {i}: 12 + {i} = ?", config, f"r{i}") for i in range(3)])
     paths = [path for result in results for path in result.paths]
     assert all(result.error is None and result.paths for result in results)
     cut = [path for path in paths if path.score_error is not None]
