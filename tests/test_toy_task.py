@@ -141,13 +141,13 @@ def test_problems_are_well_formed():
         assert all(op.sentence in problem.question for op in problem.ops)
 
 
-def test_problems_have_one_to_eight_events_in_both_splits():
-    """One-event questions are what newcomers type first (issue 17); eight events is the long end."""
-    assert (MIN_OPS, MAX_OPS) == (1, 8)
+def test_problems_cover_the_event_range_uniformly_in_both_splits():
+    """Every count in MIN_OPS..MAX_OPS occurs in both splits, roughly uniformly (docs/toy-models.md)."""
+    width = MAX_OPS - MIN_OPS + 1
     for split in ("train", "test"):
         counts = Counter(len(p.ops) for p in toy_problems(split, 800, seed=0))
-        assert set(counts) == set(range(1, 9))
-        assert min(counts.values()) > 800 / 8 / 2  # roughly uniform
+        assert set(counts) == set(range(MIN_OPS, MAX_OPS + 1))
+        assert min(counts.values()) > 800 / width / 2  # roughly uniform
 
 
 def test_wrong_number_is_a_plausible_nonnegative_wrong_value():

@@ -1,6 +1,6 @@
 """The toy reasoning task: chains of arithmetic facts stated in words, solved step by step.
 
-A problem tells a short story about one person's collection of items (1..8 events; every running
+A problem tells a short story about one person's collection of items (2..6 events, see toy_core.MIN_OPS; every running
 total stays in 0..30, at most 12 items come or go at once, "doubles"/"triples"/"half" scale it):
 
     Mia has 13 marbles. Mia finds 8 more. Mia gives 9 to Leo. Mia doubles the marbles.

@@ -13,7 +13,10 @@ from specscale.prompts import STEP_SEPARATOR
 
 MAX_VALUE = 30
 MAX_OPERAND = 12  # largest number added or taken away in one event
-MIN_OPS, MAX_OPS = 1, 8  # events per problem, drawn uniformly (so is the test split's mix)
+# Events per problem, drawn uniformly (so is the test split's mix). 2..6 is what the bundled models were
+# trained on; a retrain on 1..8 (one-event questions included) missed the quality targets, so the range
+# widens together with models that meet them (docs/toy-models.md, "The task").
+MIN_OPS, MAX_OPS = 2, 6
 TEST_BUCKETS = 8  # one question in TEST_BUCKETS belongs to the test split
 
 NAMES = ("Mia", "Leo", "Ava", "Sam", "Zoe", "Max", "Ivy", "Ben", "Eva", "Tom", "Amy", "Dan")
