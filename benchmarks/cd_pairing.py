@@ -11,6 +11,7 @@ import argparse
 import time
 
 from specscale.bench.common import fresh_runtime, run_batch, search_requests, toy_workload
+from specscale.bench.stack import RealStack
 from specscale.pipeline import Pipeline, PipelineConfig
 
 
@@ -42,7 +43,7 @@ def main() -> None:
         for seed in range(args.seeds):
             for preset in (plain, cd):
                 if (preset, seed) not in cache:
-                    requests = search_requests(pipeline, problems, preset, seed, **config)
+                    requests = search_requests(RealStack(pipeline), problems, preset, seed, **config)
                     cache[preset, seed] = run_batch(fresh_runtime(pipeline, 32), requests).results
             for a, b in zip(cache[plain, seed], cache[cd, seed]):
                 total += 1

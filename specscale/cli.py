@@ -11,6 +11,8 @@ from specscale.defaults import TOY_GENERATOR
 from specscale.evaluation.command import add_eval
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
 from specscale.serve import add_serve
+from specscale.sim.command import add_simulate
+from specscale.sim.recorder import add_trace
 from specscale.solve import add_solve
 
 
@@ -94,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval(sub)
     add_profile_prm(sub)
     add_serve(sub)
+    add_simulate(sub)
+    add_trace(sub)
     return parser
 
 

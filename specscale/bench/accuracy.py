@@ -18,7 +18,7 @@ from statistics import NormalDist
 
 from specscale.bench.common import (
     LADDER, add_common_arguments, finish_info, fresh_runtime, interleaved, is_right, markdown_table, new_figure,
-    progress_bar, run_batch, search_requests, start_run, toy_workload, vote_is_right, write_outputs,
+    progress_bar, run_batch, search_requests, start_run, vote_is_right, write_outputs,
 )
 
 NAME = "accuracy"
@@ -40,11 +40,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    pipeline, info, started = start_run(NAME, args, FULL, QUICK)
-    problems = toy_workload(args.problems)
+    stack, info, started = start_run(NAME, args, FULL, QUICK)
+    problems = stack.problems(args.problems)
     cells = [(v, n) for n in args.beam_sizes for v in [*args.variants, BEST_OF_N]] + [(SINGLE, 1)]
-    runs = measure(pipeline, args, problems, cells)
-    pipeline.close()
+    runs = measure(stack, args, problems, cells)
+    stack.close()
     results = summarize(runs, cells)
     targets = check_targets(results)
     info = finish_info(info, started)
@@ -63,7 +63,7 @@ def cell_config(variant: str, n: int, args) -> tuple[str, dict]:
     return variant, {"beam_size": n, "beam_width": args.beam_width, "max_rounds": args.max_rounds}
 
 
-def measure(pipeline, args, problems, cells) -> list[dict]:
+def measure(stack, args, problems, cells) -> list[dict]:
     """Per seed (repeat) every cell over every problem; one record of 0/1 per problem per run."""
     runs = []
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
@@ -71,8 +71,8 @@ def measure(pipeline, args, problems, cells) -> list[dict]:
             seed = args.seed + repeat
             bar.set_postfix_str(f"seed {seed} {variant} N={n}")
             preset, config = cell_config(variant, n, args)
-            requests = search_requests(pipeline, problems, preset, seed, tag=f"{variant} N={n} ", **config)
-            batch = run_batch(fresh_runtime(pipeline, args.max_concurrency), requests, bar)
+            requests = search_requests(stack, problems, preset, seed, tag=f"{variant} N={n} ", **config)
+            batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, bar)
             runs.append({
                 "variant": variant, "beam_size": n, "seed": seed,
                 "best": [int(is_right(p, r)) for p, r in zip(problems, batch.results)],

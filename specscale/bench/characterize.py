@@ -2,7 +2,7 @@
 
 1. Waiting at batch size 1: `beam` serving one request at a time; per request, the share of its
    candidates' time spent finished and waiting for the round to be decided (idle / (idle + busy)),
-   overall, as a median over requests and by difficulty (events in the problem).
+   overall, as a median over requests and by difficulty (events in a toy problem, a simulated one's level).
 2. The ladder under load (all requests at once, `--max-concurrency` in flight), per variant and beam
    size: time split (generation / verification / other), verifier batch sizes (paths and PRM tokens
    per call), PRM tokens/s per call, physical-to-logical sequence ratio, losing-branch lifetime and
@@ -25,13 +25,13 @@ import pstats
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from specscale.bench.common import (
     LADDER, add_common_arguments, finish_info, fresh_runtime, interleaved, markdown_table, median_summary,
-    new_figure, percentile, progress_bar, run_batch, search_requests, serving_numbers, start_run, toy_workload,
+    new_figure, percentile, progress_bar, run_batch, search_requests, serving_numbers, start_run,
     write_outputs,
 )
 from specscale.engine.block_manager import KVUsage
@@ -56,19 +56,19 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    pipeline, info, started = start_run(NAME, args, FULL, QUICK)
-    problems = toy_workload(args.problems)
-    waiting = waiting_at_batch_size_one(pipeline, args)
-    runs, searches = measure(pipeline, args, problems)
-    tokenizer = pipeline.engine.tokenizer
+    stack, info, started = start_run(NAME, args, FULL, QUICK)
+    problems = stack.problems(args.problems)
+    waiting = waiting_at_batch_size_one(stack, args)
+    runs, searches = measure(stack, args, problems)
+    tokenizer = stack.engine.tokenizer
     beam_searches = [s for (variant, _), found in searches.items() if variant == "beam" for s in found]
     extra = {
         "waiting_batch_size_1": waiting,
         "common_prefix": common_prefix(beam_searches, tokenizer),
         "prm_scores": score_histogram(beam_searches),
-        "profile": profile_run(pipeline, args, problems) if args.profile_variant else None,
+        "profile": profile_run(stack, args, problems) if args.profile_variant else None,
     }
-    pipeline.close()
+    stack.close()
     results = summarize(runs)
     info = finish_info(info, started)
     text = report(results, extra)
@@ -79,19 +79,19 @@ def run(args) -> int:
 
 # ---- instrumented stand-ins for the generator and the verifier backends ----------------------------
 class TimedGenerator:
-    """A generator backend with every iteration timed: (sequences advanced, seconds) per step()."""
+    """A generator backend with every iteration timed on `clock`: (sequences advanced, seconds) per step()."""
 
-    def __init__(self, backend: GeneratorBackend):
-        self._backend = backend
+    def __init__(self, backend: GeneratorBackend, clock: Callable[[], float] = time.perf_counter):
+        self._backend, self._clock = backend, clock
         self.iterations: list[tuple[int, float]] = []
 
     def apply(self, ops: Sequence[SequenceOp]) -> None:
         self._backend.apply(ops)
 
     def step(self) -> list[SequenceUpdate]:
-        start = time.perf_counter()
+        start = self._clock()
         updates = self._backend.step()
-        self.iterations.append((len(updates), time.perf_counter() - start))
+        self.iterations.append((len(updates), self._clock() - start))
         return updates
 
     def has_work(self) -> bool:
@@ -111,24 +111,24 @@ class TimedGenerator:
 
 class TimedVerifier:
     """A verifier backend with every PRM call timed (paths, computed tokens, seconds) and the time spent
-    sizing queued steps (`tokens_to_compute`) summed."""
+    sizing queued steps (`tokens_to_compute`) summed, on `clock`."""
 
-    def __init__(self, backend: VerifierBackend):
-        self._backend = backend
+    def __init__(self, backend: VerifierBackend, clock: Callable[[], float] = time.perf_counter):
+        self._backend, self._clock = backend, clock
         self.calls: list[tuple[int, int, float]] = []
         self.sizing_s = 0.0
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        start = time.perf_counter()
+        start = self._clock()
         results = self._backend.score(requests)
         tokens = sum(r.computed_tokens for r in results)
-        self.calls.append((len(requests), tokens, time.perf_counter() - start))
+        self.calls.append((len(requests), tokens, self._clock() - start))
         return results
 
     def tokens_to_compute(self, request: ScoreRequest) -> int:
-        start = time.perf_counter()
+        start = self._clock()
         tokens = self._backend.tokens_to_compute(request)
-        self.sizing_s += time.perf_counter() - start
+        self.sizing_s += self._clock() - start
         return tokens
 
     @property
@@ -137,18 +137,18 @@ class TimedVerifier:
 
 
 # ---- 1. waiting at batch size 1 ---------------------------------------------------------------------
-def waiting_at_batch_size_one(pipeline, args) -> dict:
-    problems = toy_workload(args.waiting_problems)
+def waiting_at_batch_size_one(stack, args) -> dict:
+    problems = stack.problems(args.waiting_problems)
     n = max(args.beam_sizes)
-    requests = search_requests(pipeline, problems, "beam", args.seed, tag="batch-1 ", beam_size=n,
+    requests = search_requests(stack, problems, "beam", args.seed, tag="batch-1 ", beam_size=n,
                                beam_width=args.beam_width, max_rounds=args.max_rounds)
     with progress_bar(len(requests), "waiting at batch size 1") as bar:
-        batch = run_batch(fresh_runtime(pipeline, 1), requests, bar)
+        batch = run_batch(fresh_runtime(stack, 1), requests, bar)
     per_request = []
     for problem, request in zip(problems, requests):
         rounds = batch.runtime.search(request.request_id).round_waiting
         idle, busy = sum(i for i, _ in rounds), sum(b for _, b in rounds)
-        per_request.append({"events": len(problem.ops), "ratio": idle / (idle + busy) if idle + busy else 0.0})
+        per_request.append({"events": stack.difficulty(problem), "ratio": idle / (idle + busy) if idle + busy else 0.0})
     by_events = defaultdict(list)
     for entry in per_request:
         by_events[entry["events"]].append(entry["ratio"])
@@ -162,17 +162,17 @@ def waiting_at_batch_size_one(pipeline, args) -> dict:
 
 
 # ---- 2. the ladder under load -------------------------------------------------------------------------
-def measure(pipeline, args, problems) -> tuple[list[dict], dict]:
+def measure(stack, args, problems) -> tuple[list[dict], dict]:
     """Every (variant, beam size) per repeat, interleaved; the searches of repeat 0 are kept."""
     cells = [(v, n) for n in args.beam_sizes for v in args.variants]
     runs, searches = [], {}
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (variant, n) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n}")
-            generator, verifier = pipeline.backends()
-            generator, verifier = TimedGenerator(generator), TimedVerifier(verifier)
-            runtime = fresh_runtime(pipeline, args.max_concurrency, generator=generator, verifier=verifier)
-            requests = search_requests(pipeline, problems, variant, args.seed, beam_size=n,
+            generator, verifier = stack.backends()
+            generator, verifier = TimedGenerator(generator, stack.clock), TimedVerifier(verifier, stack.clock)
+            runtime = fresh_runtime(stack, args.max_concurrency, generator=generator, verifier=verifier)
+            requests = search_requests(stack, problems, variant, args.seed, beam_size=n,
                                        beam_width=args.beam_width, max_rounds=args.max_rounds)
             batch = run_batch(runtime, requests, bar)
             runs.append({"variant": variant, "beam_size": n, "repeat": repeat,
@@ -318,11 +318,11 @@ def score_histogram(searches: list) -> dict:
 
 
 # ---- 4. a profile ----------------------------------------------------------------------------------------
-def profile_run(pipeline, args, problems) -> dict:
+def profile_run(stack, args, problems) -> dict:
     """cProfile of one run of the profile variant: self time by package and the top functions."""
-    requests = search_requests(pipeline, problems, args.profile_variant, args.seed, tag="profile ",
+    requests = search_requests(stack, problems, args.profile_variant, args.seed, tag="profile ",
                                beam_size=max(args.beam_sizes), beam_width=args.beam_width, max_rounds=args.max_rounds)
-    runtime = fresh_runtime(pipeline, args.max_concurrency)
+    runtime = fresh_runtime(stack, args.max_concurrency)
     profiler = cProfile.Profile()
     with progress_bar(len(requests), f"profile {args.profile_variant}") as bar:
         profiler.enable()

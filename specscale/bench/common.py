@@ -2,12 +2,15 @@
 
 - arguments: `add_common_arguments` (workload, models, `--out`, `--quick`) and `apply_mode_defaults`,
   which fills the options a user left unset from the sub-command's full or quick defaults;
-- the serving stack: `open_pipeline` builds the generator engine and the PRM verifier once;
-  `fresh_runtime` gives a `SearchRuntime` with fresh metrics over a `Pipeline` or a simulator's
-  `Simulation` (the PRM's step-prefix cache emptied, so no run inherits another's work), and
-  `run_batch` issues a list of requests at once through it (`SearchRuntime.run`) and times it;
-- the workload: `toy_workload` (held-out toy problems, a fixed problem set) and `paired_seed` (the
-  same sampling seed for a problem in every variant, so variants differ only by their policies);
+- the serving stack (`bench/stack.py`): `open_stack` builds the generator engine and the PRM verifier
+  once, on checkpoints (`--backend real`, `open_pipeline`) or on the simulator (`--backend sim`, the
+  options of `add_simulation_arguments`; docs/simulator.md); `fresh_runtime` gives a `SearchRuntime`
+  with fresh metrics over it (the PRM's step-prefix cache emptied, so no run inherits another's work),
+  and `run_batch` issues a list of requests at once through it (`SearchRuntime.run`) and times it on
+  the stack's clock (wall or simulated seconds);
+- the workload: the stack's problems (`toy_workload` on real models: held-out toy problems, a fixed
+  problem set) and `paired_seed` (the same sampling seed for a problem in every variant, so variants
+  differ only by their policies);
 - repeats: `interleaved` orders the runs of one repeat with every variant in it, rotated from
   repeat to repeat, so a slow spell on a shared machine hits all variants alike; `median_summary`
   reduces per-repeat numbers to their medians;
@@ -33,18 +36,22 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specscale.bench.stack import PROBLEM_SET_SEED, BenchStack, RealStack, SimulatedStack
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.presets import preset_config
 from specscale.search.result import SearchResult
 from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.sim.simulation import Simulation
+from specscale.sim.hardware import bundled_hardware
+from specscale.sim.model_profile import bundled_models
+from specscale.sim.simulation import Simulation, SimulationConfig
+from specscale.sim.workload_choice import DATASET_CHOICES, choose_workload, default_dataset
 from specscale.tasks.toy import ToyProblem, is_correct, toy_problems
 
 LADDER = ("beam", "beam+cd", "naive-spec", "fasttts", "fasttts-xb", "ep-strict", "ep", "ep+cd", "specscale")
-PROBLEM_SET_SEED = 0  # every sub-command draws its problems from the same held-out set
 SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE + i
 DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight
 QUIET_CPU = 0.15  # share of all CPUs busy with other processes above which timings are flagged untrustworthy
+SIMULATED_REPEATS = 1  # a simulation is deterministic under its seed: a repeat would replay the same run
 
 
 # ---- arguments ------------------------------------------------------------------------------------
@@ -65,13 +72,33 @@ def add_common_arguments(parser, variants: bool = True, problems: bool = True) -
     if problems:
         parser.add_argument("--problems", type=int, default=None, help="toy test problems per run")
     if variants:
-        parser.add_argument("--variants", type=str_list, default=None, help="comma-separated presets")
+        parser.add_argument("--variants", "--presets", dest="variants", type=str_list, default=None,
+                            help="comma-separated presets")
+    add_simulation_arguments(parser)
+
+
+def add_simulation_arguments(parser) -> None:
+    """`--backend sim` (what `specscale simulate` sets): the simulated device and workload
+    (docs/simulator.md). --generator / --prm then name bundled model shapes or folders with a config.json."""
+    group = parser.add_argument_group("simulation (--backend sim, or `specscale simulate`)")
+    group.add_argument("--backend", choices=("real", "sim"), default="real",
+                       help="real: the checkpoints on this machine; sim: the simulator on a virtual clock")
+    group.add_argument("--hardware", default="cpu",
+                       help=f"bundled hardware profile ({', '.join(bundled_hardware())}) or a profile JSON path")
+    group.add_argument("--dataset", choices=DATASET_CHOICES, default=None,
+                       help="workload preset (default: toy for the toy generator, else math500)")
+    group.add_argument("--workload", default=None,
+                       help="a trace (.jsonl, `specscale trace`) fitted onto the preset, or a workload JSON")
+    group.add_argument("--prm-kv-share", type=float, default=SimulationConfig.prm_kv_share,
+                       help="share of the KV memory left after the weights that goes to the PRM")
 
 
 def add_model_arguments(parser) -> None:
     """The models and how they are served: what `open_pipeline` reads."""
-    parser.add_argument("--generator", default=PipelineConfig.generator, help="generator folder (default: toy)")
-    parser.add_argument("--prm", default=PipelineConfig.prm, help="PRM folder (default: the bundled toy PRM)")
+    parser.add_argument("--generator", default=PipelineConfig.generator,
+                        help=f"generator folder (default: toy); simulated: also a bundled shape ({', '.join(bundled_models())})")
+    parser.add_argument("--prm", default=PipelineConfig.prm,
+                        help="PRM folder (default: the bundled toy PRM); simulated: also a bundled shape")
     parser.add_argument("--dtype", default="auto", help="model dtype for both models (default: the engine's)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--kv-gb", type=float, default=PipelineConfig.generator_kv_gb, help="generator KV pool")
@@ -97,6 +124,8 @@ def str_list(text: str) -> list[str]:
 def apply_mode_defaults(args, full: dict, quick: dict) -> None:
     """Options left at None take the sub-command's quick or full default."""
     defaults = {"max_concurrency": DEFAULT_CONCURRENCY, **(quick if args.quick else full)}
+    if getattr(args, "backend", "real") == "sim":
+        defaults["repeats"] = SIMULATED_REPEATS
     for name, value in defaults.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
@@ -120,7 +149,28 @@ def open_pipeline(args, **config) -> Pipeline:
     ))
 
 
-def fresh_runtime(stack: Pipeline | Simulation, max_concurrency: int, **options) -> SearchRuntime:
+def open_stack(args) -> BenchStack:
+    """The stack `--backend` names: checkpoints (`open_pipeline`) or the simulator (`open_simulation`)."""
+    if getattr(args, "backend", "real") == "sim":
+        return SimulatedStack(open_simulation(args), args.lv_threshold)
+    return RealStack(open_pipeline(args))
+
+
+def open_simulation(args) -> Simulation:
+    """The simulated device, models and workload the options name; one torch thread (tiny tensors)."""
+    torch.set_num_threads(args.threads or 1)
+    from specscale.sim.model_profile import ModelProfile
+
+    generator, prm = ModelProfile.load(args.generator).name, ModelProfile.load(args.prm).name
+    dataset = args.dataset or default_dataset(args.generator)
+    workload = choose_workload(dataset, generator, prm, args.workload)
+    return Simulation(SimulationConfig(
+        hardware=args.hardware, generator=args.generator, prm=args.prm, dataset=dataset, workload=workload,
+        prm_kv_share=args.prm_kv_share, spare_rows=args.spare_rows, seed=args.seed,
+    ))
+
+
+def fresh_runtime(stack: BenchStack | Pipeline | Simulation, max_concurrency: int, **options) -> SearchRuntime:
     """A runtime with empty metrics over the stack's backends; options: `runtime`'s (instrumented
     stand-ins for the backends, callbacks)."""
     stack.verifier.clear()  # no run may reuse PRM prefixes another variant computed
@@ -152,19 +202,20 @@ def start_run(name: str, args, full: dict, quick: dict, warm_variants: Iterable[
     Returns ``(pipeline, info, started)``; ``finish_info(info, started)`` closes the record."""
     apply_mode_defaults(args, full, quick)
     started = time.perf_counter()
-    pipeline = open_pipeline(args)
-    info = run_info(name, args, pipeline)
-    warm_up(pipeline, args.variants if warm_variants is None else warm_variants, args.beam_width)
-    return pipeline, info, started
+    stack = open_stack(args)
+    info = run_info(name, args, stack)
+    if stack.warms_up:
+        warm_up(stack, args.variants if warm_variants is None else warm_variants, args.beam_width)
+    return stack, info, started
 
 
-def warm_up(pipeline: Pipeline, variants: Iterable[str], beam_width: int) -> None:
+def warm_up(stack: BenchStack, variants: Iterable[str], beam_width: int) -> None:
     """One short search per variant before anything is timed (kernel build, allocator, caches)."""
-    problem = toy_workload(1)[0]
-    requests = [pipeline.request(problem.question, preset_config(
+    problem = stack.problems(1)[0]
+    requests = [stack.request(problem, preset_config(
         variant, beam_size=beam_width, beam_width=beam_width, max_rounds=2, seed=0), f"warm-up {variant}")
         for variant in dict.fromkeys(variants)]
-    run_batch(fresh_runtime(pipeline, len(requests)), requests)
+    run_batch(fresh_runtime(stack, len(requests)), requests)
 
 
 # ---- the workload ---------------------------------------------------------------------------------
@@ -178,16 +229,15 @@ def paired_seed(seed: int, problem_index: int) -> int:
     return seed * SEED_STRIDE + problem_index
 
 
-def search_requests(pipeline: Pipeline, problems: list[ToyProblem], variant: str, seed: int,
+def search_requests(stack: BenchStack, problems: list, variant: str, seed: int,
                     tag: str = "", **config) -> list[SearchRequest]:
     """One request per problem with the variant's preset and paired seeds; config overrides the preset."""
-    return [pipeline.request(p.question, preset_config(variant, seed=paired_seed(seed, i), **config),
-                             f"{tag}{variant} {i}")
+    return [stack.request(p, preset_config(variant, seed=paired_seed(seed, i), **config), f"{tag}{variant} {i}")
             for i, p in enumerate(problems)]
 
 
 def is_right(problem: ToyProblem, result: SearchResult) -> bool:
-    """The search's chosen path boxes the true answer."""
+    """The search's chosen path boxes the true answer (a toy or a simulated problem: both carry `answer`)."""
     return result.best is not None and is_correct(problem, result.best.text)
 
 
@@ -257,8 +307,11 @@ def progress_bar(total: int, description: str) -> tqdm:
 
 
 # ---- outputs --------------------------------------------------------------------------------------
-def run_info(name: str, args, pipeline: Pipeline | None = None, command: str = "specscale bench") -> dict:
-    """What reproduces and qualifies a result: command, code version, machine, load, settings."""
+def run_info(name: str, args, stack: BenchStack | None = None, command: str | None = None) -> dict:
+    """What reproduces and qualifies a result: command, code version, machine, load, settings (the
+    stack's: models, or the simulated hardware and workload). command: how the run was asked for
+    (`specscale bench`, or `specscale simulate` when that is the command parsed)."""
+    command = command or f"specscale {getattr(args, 'command', None) or 'bench'}"
     info = {
         "benchmark": name,
         "command": command_line(name, args, command),
@@ -270,13 +323,8 @@ def run_info(name: str, args, pipeline: Pipeline | None = None, command: str = "
         "other_cpu_busy_start": other_cpu_busy(),
         "quick": args.quick,
     }
-    if pipeline is not None:
-        info["models"] = {"generator": str(Path(args.generator).resolve()), "prm": str(Path(args.prm).resolve()),
-                          "generator_dtype": str(pipeline.engine.runner_dtype).removeprefix("torch."),
-                          "prm_dtype": str(pipeline.verifier.engine.runner_dtype).removeprefix("torch.")}
-        info["lv_threshold_tokens"] = pipeline.lv_threshold_tokens
-        info["kv_blocks"] = pipeline.engine.block_manager.num_blocks
-        info["spare_rows"] = pipeline.engine.scheduler.spare_rows
+    if stack is not None:
+        info.update(stack.describe())
     return info
 
 
@@ -370,10 +418,23 @@ def header_markdown(name: str, info: dict) -> str:
     machine = info["machine"]
     load = info["other_cpu_busy_start"]
     busy = " — **busy machine: timings are not trustworthy**" if info.get("busy_machine") else ""
-    return (f"# specscale bench {name}\n\n```bash\n{info['command']}\n```\n\n"
+    title = info["command"].split(" --")[0].split(" ")[:2]
+    return (f"# {' '.join(title)} {name}\n\n```bash\n{info['command']}\n```\n\n"
             f"commit `{info['git_commit']}`, {machine['cpu']} ({machine['cpu_count']} CPUs, "
             f"{machine['torch_threads']} torch threads), {load:.0%} of the CPUs busy with other work at start{busy}, "
-            f"{info.get('duration_s', 0.0):.0f} s{' (quick mode)' if info['quick'] else ''}.\n\n")
+            f"{info.get('duration_s', 0.0):.0f} s{' (quick mode)' if info['quick'] else ''}.\n\n"
+            + simulated_markdown(info))
+
+
+def simulated_markdown(info: dict) -> str:
+    """For a simulated run: the device and workload simulated; every time in the report is simulated."""
+    if info.get("backend") != "sim":
+        return ""
+    hardware, workload, models = info["hardware"], info["workload"], info["models"]
+    return (f"**Simulated** (docs/simulator.md): {models['generator']} + {models['prm']} on {hardware['name']}, "
+            f"workload `{workload['name']}`, {info['kv_blocks']:,} generator / {info['prm_kv_blocks']:,} PRM KV "
+            f"blocks, LV threshold {info['lv_threshold_tokens']:,} tokens. Times and rates are simulated "
+            f"seconds.\n\n")
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

@@ -18,14 +18,13 @@ lower rate, stays under the normalized-latency budget (`--budget-ms-per-token`, 
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
 
 import numpy as np
 
 from specscale.bench.common import (
     add_common_arguments, finish_info, float_list, fresh_runtime, interleaved, markdown_table, median_summary,
-    new_figure, percentile, progress_bar, run_batch, search_requests, start_run, toy_workload, write_outputs,
+    new_figure, percentile, progress_bar, run_batch, search_requests, start_run, write_outputs,
 )
 
 NAME = "latency"
@@ -50,12 +49,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    pipeline, info, started = start_run(NAME, args, FULL, QUICK)
-    problems = toy_workload(args.problems)
-    rates, capacity = sweep_rates(pipeline, args, problems)
+    stack, info, started = start_run(NAME, args, FULL, QUICK)
+    problems = stack.problems(args.problems)
+    rates, capacity = sweep_rates(stack, args, problems)
     cells = [(variant, n, rate) for rate in rates for n in args.beam_sizes for variant in args.variants]
-    runs = measure(pipeline, args, problems, cells, rates)
-    pipeline.close()
+    runs = measure(stack, args, problems, cells, rates)
+    stack.close()
     results = summarize(runs, cells)
     budget = budget_ms_per_token(args, results, rates)
     for variant, by_size in results.items():
@@ -70,13 +69,13 @@ def run(args) -> int:
     return 0
 
 
-def sweep_rates(pipeline, args, problems) -> tuple[list[float], float | None]:
+def sweep_rates(stack, args, problems) -> tuple[list[float], float | None]:
     """The rates to sweep: given, or fractions of the first variant's closed-loop requests/s."""
     if args.rates:
         return sorted(args.rates), None
-    requests = search_requests(pipeline, problems, args.variants[0], args.seed, tag="capacity ",
+    requests = search_requests(stack, problems, args.variants[0], args.seed, tag="capacity ",
                                beam_size=max(args.beam_sizes), beam_width=args.beam_width, max_rounds=args.max_rounds)
-    batch = run_batch(fresh_runtime(pipeline, args.max_concurrency), requests)
+    batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests)
     capacity = len(problems) / batch.elapsed_s
     return [capacity * f for f in sorted(args.rate_fractions)], capacity
 
@@ -88,36 +87,38 @@ def arrival_times(count: int, rate: float, burstiness: float, seed: list[int]) -
     return [0.0] + np.cumsum(gaps).tolist()
 
 
-def measure(pipeline, args, problems, cells, rates) -> list[dict]:
+def measure(stack, args, problems, cells, rates) -> list[dict]:
     runs = []
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (variant, n, rate) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n} {rate:.2f} req/s")
             arrivals = arrival_times(len(problems), rate, args.burstiness, [args.seed, repeat, rates.index(rate)])
-            requests = search_requests(pipeline, problems, variant, args.seed, beam_size=n,
+            requests = search_requests(stack, problems, variant, args.seed, beam_size=n,
                                        beam_width=args.beam_width, max_rounds=args.max_rounds)
-            latencies = serve_open_loop(pipeline, args.max_concurrency, requests, arrivals, bar)
+            latencies = serve_open_loop(stack, args.max_concurrency, requests, arrivals, bar)
             runs.append({"variant": variant, "beam_size": n, "rate": rate, "repeat": repeat,
                          **latency_numbers(latencies), "requests": latencies})
     return runs
 
 
-def serve_open_loop(pipeline, max_concurrency: int, requests, arrivals: list[float], bar) -> list[dict]:
-    """Submit each request at its arrival time, tick the runtime in between; per-request latencies."""
+def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float], bar) -> list[dict]:
+    """Submit each request at its arrival time, tick the runtime in between; per-request latencies. Time
+    is the stack's clock: with nothing to do, a real stack sleeps and a simulated one advances its clock."""
+    clock = stack.clock
     finished_at: dict[str, float] = {}
-    runtime = fresh_runtime(pipeline, max_concurrency,
-                            on_finished=lambda request_id, _: finished_at.__setitem__(request_id, time.perf_counter()))
+    runtime = fresh_runtime(stack, max_concurrency,
+                            on_finished=lambda request_id, _: finished_at.__setitem__(request_id, clock()))
     pending = deque(zip(arrivals, requests))
     ids = []
-    start = time.perf_counter()
+    start = clock()
     while pending or runtime.has_work():
-        now = time.perf_counter() - start
+        now = clock() - start
         while pending and pending[0][0] <= now:
             ids.append(runtime.submit(pending.popleft()[1]))
         if runtime.has_work():
             bar.update(len(runtime.step()))
         elif pending:
-            time.sleep(max(pending[0][0] - now, 0.0))
+            stack.wait(pending[0][0] - now)
     out = []
     for request_id, arrival in zip(ids, arrivals):
         result = runtime.result(request_id)

@@ -14,7 +14,7 @@ import time
 
 from specscale.bench.common import (
     add_common_arguments, finish_info, fresh_runtime, int_list, interleaved, markdown_table, median_summary,
-    new_figure, progress_bar, run_batch, search_requests, serving_numbers, start_run, toy_workload,
+    new_figure, progress_bar, run_batch, search_requests, serving_numbers, start_run,
     write_outputs,
 )
 
@@ -35,11 +35,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    pipeline, info, started = start_run(NAME, args, FULL, QUICK)
+    stack, info, started = start_run(NAME, args, FULL, QUICK)
     cells = sweep_cells(args)
-    runs = measure(pipeline, args, cells)
-    total_blocks = pipeline.engine.block_manager.num_blocks
-    pipeline.close()
+    runs = measure(stack, args, cells)
+    total_blocks = stack.engine.block_manager.num_blocks
+    stack.close()
     results = summarize(runs, cells, total_blocks)
     info = finish_info(info, started)
     text = report(results)
@@ -55,17 +55,17 @@ def sweep_cells(args) -> list[tuple[str, int, int]]:
     return [(variant, n, c) for n, c in dict.fromkeys(points) for variant in args.variants]
 
 
-def measure(pipeline, args, cells) -> list[dict]:
-    problems = toy_workload(args.waves * max(c for _, _, c in cells))
+def measure(stack, args, cells) -> list[dict]:
+    problems = stack.problems(args.waves * max(c for _, _, c in cells))
     total = sum(args.waves * c for _, _, c in cells) * args.repeats
     runs = []
     with progress_bar(total, NAME) as bar:
         for repeat, (variant, n, concurrency) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n} concurrency {concurrency}")
             mine = problems[: args.waves * concurrency]
-            requests = search_requests(pipeline, mine, variant, args.seed, beam_size=n, beam_width=args.beam_width,
+            requests = search_requests(stack, mine, variant, args.seed, beam_size=n, beam_width=args.beam_width,
                                        max_rounds=args.max_rounds)
-            batch = run_batch(fresh_runtime(pipeline, concurrency), requests, bar)
+            batch = run_batch(fresh_runtime(stack, concurrency), requests, bar)
             runs.append({"variant": variant, "beam_size": n, "concurrency": concurrency, "repeat": repeat,
                          **serving_numbers(batch, mine)})
     return runs

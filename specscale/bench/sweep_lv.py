@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from specscale.bench.common import (
     add_common_arguments, finish_info, fresh_runtime, int_list, interleaved, markdown_table, median_summary,
-    new_figure, progress_bar, run_batch, search_requests, serving_numbers, start_run, toy_workload,
+    new_figure, progress_bar, run_batch, search_requests, serving_numbers, start_run,
     write_outputs,
 )
 from specscale.config import SearchConfig
@@ -35,12 +35,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    pipeline, info, started = start_run(NAME, args, FULL, QUICK, ["specscale", REFERENCE])
-    problems = toy_workload(args.problems)
-    points = sweep_points(args.thresholds, args.deferral_caps, pipeline.lv_threshold_tokens)
+    stack, info, started = start_run(NAME, args, FULL, QUICK, ["specscale", REFERENCE])
+    problems = stack.problems(args.problems)
+    points = sweep_points(args.thresholds, args.deferral_caps, stack.lv_threshold_tokens)
     cells = [(label, n) for n in args.beam_sizes for label in points]
-    runs = measure(pipeline, args, problems, cells, points)
-    pipeline.close()
+    runs = measure(stack, args, problems, cells, points)
+    stack.close()
     results = summarize(runs, cells, points)
     info = finish_info(info, started)
     text = report(results)
@@ -68,15 +68,15 @@ def sweeps_of(threshold: int, cap: int, default_threshold: int, default_cap: int
     return ["threshold"] * (cap == default_cap) + ["deferral_cap"] * (threshold == default_threshold)
 
 
-def measure(pipeline, args, problems, cells, points) -> list[dict]:
+def measure(stack, args, problems, cells, points) -> list[dict]:
     runs = []
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (label, n) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {label} N={n}")
             point = points[label]
-            requests = search_requests(pipeline, problems, point["preset"], args.seed, beam_size=n,
+            requests = search_requests(stack, problems, point["preset"], args.seed, beam_size=n,
                                        beam_width=args.beam_width, max_rounds=args.max_rounds, **point["overrides"])
-            batch = run_batch(fresh_runtime(pipeline, args.max_concurrency), requests, bar)
+            batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, bar)
             runs.append({"variant": label, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems),
                          "flush_reasons": batch.runtime.flush_reasons})
     return runs

@@ -15,7 +15,7 @@ import time
 
 from specscale.bench.common import (
     LADDER, add_common_arguments, finish_info, fresh_runtime, interleaved, markdown_table, median_summary,
-    new_figure, progress_bar, run_batch, search_requests, serving_numbers, start_run, toy_workload,
+    new_figure, progress_bar, run_batch, search_requests, serving_numbers, start_run,
     write_outputs,
 )
 
@@ -46,11 +46,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    pipeline, info, started = start_run(NAME, args, FULL, QUICK)
-    problems = toy_workload(args.problems)
+    stack, info, started = start_run(NAME, args, FULL, QUICK)
+    problems = stack.problems(args.problems)
     cells = [(variant, n) for n in args.beam_sizes for variant in args.variants]
-    runs = measure(pipeline, args, problems, cells)
-    pipeline.close()
+    runs = measure(stack, args, problems, cells)
+    stack.close()
     results = summarize(runs, cells)
     ratios = speedups(runs, args.repeats)
     info = finish_info(info, started)
@@ -60,15 +60,15 @@ def run(args) -> int:
     return 0
 
 
-def measure(pipeline, args, problems, cells) -> list[dict]:
+def measure(stack, args, problems, cells) -> list[dict]:
     """Every cell once per repeat, interleaved; one record per run."""
     runs = []
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (variant, n) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n}")
-            requests = search_requests(pipeline, problems, variant, args.seed, beam_size=n,
+            requests = search_requests(stack, problems, variant, args.seed, beam_size=n,
                                        beam_width=args.beam_width, max_rounds=args.max_rounds)
-            batch = run_batch(fresh_runtime(pipeline, args.max_concurrency), requests, bar)
+            batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, bar)
             runs.append({"variant": variant, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems)})
     return runs
 

@@ -20,6 +20,7 @@ from specscale.bench.common import (
     DEFAULT_CONCURRENCY, add_model_arguments, finish_info, fresh_runtime, open_pipeline, paired_seed, run_batch,
     run_info, str_list,
 )
+from specscale.bench.stack import RealStack
 from specscale.config import SearchConfig
 from specscale.evaluation.progress import Progress
 from specscale.evaluation.report import markdown, summarize
@@ -69,7 +70,7 @@ def run_eval(args) -> int:
     else:
         grader.start()  # math-verify's imports overlap the model loading
         pipeline = open_pipeline(args, device=args.device, system_prompt=args.system_prompt or MATH_SYSTEM_PROMPT)
-        info = run_info(NAME, args, pipeline, command="specscale")
+        info = run_info(NAME, args, RealStack(pipeline), command="specscale")
         try:
             run_cells(pipeline, args, results, pending, grader)
         except KeyboardInterrupt:
