@@ -52,11 +52,10 @@ class RealStack:
 
     warms_up = True
 
-    def __init__(self, pipeline: Pipeline, generator: str, prm: str):
+    def __init__(self, pipeline: Pipeline):
         self.pipeline, self.engine, self.verifier = pipeline, pipeline.engine, pipeline.verifier
         self.lv_threshold_tokens = pipeline.lv_threshold_tokens
         self.clock = pipeline.clock
-        self._models = (generator, prm)
 
     def runtime(self, max_concurrency: int, **options) -> SearchRuntime:
         return self.pipeline.runtime(max_concurrency, **options)
@@ -77,7 +76,7 @@ class RealStack:
         time.sleep(max(seconds, 0.0))
 
     def describe(self) -> dict:
-        generator, prm = self._models
+        generator, prm = self.pipeline.config.generator, self.pipeline.config.prm
         return {
             "backend": "real",
             "models": {"generator": str(Path(generator).resolve()), "prm": str(Path(prm).resolve()),

@@ -53,8 +53,9 @@ def run_trace(args) -> int:
     started = time.perf_counter()
     stack, problems, grade = open_trace_stack(args)
     requests = record(stack, args, problems, grade)
+    header = trace_header(args, stack)
     stack.close()
-    write_trace(args.out, trace_header(args, stack), requests)
+    write_trace(args.out, header, requests)
     completed = sum(s.completed for r in requests for s in r.steps)
     print(f"{len(requests)} requests, {completed} completed paths -> {args.out} "
           f"({time.perf_counter() - started:.0f} s)")
