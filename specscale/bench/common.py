@@ -52,6 +52,10 @@ SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE +
 DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight
 QUIET_CPU = 0.15  # share of all CPUs busy with other processes above which timings are flagged untrustworthy
 SIMULATED_REPEATS = 1  # a simulation is deterministic under its seed: a repeat would replay the same run
+IGNORED_BY_BACKEND = {  # options a backend does not read (left out of the recorded command line)
+    "real": frozenset({"backend", "hardware", "dataset", "workload", "prm_kv_share"}),
+    "sim": frozenset({"kv_gb", "prm_kv_gb", "device", "dtype"}),
+}
 
 
 # ---- arguments ------------------------------------------------------------------------------------
@@ -329,10 +333,12 @@ def run_info(name: str, args, stack: BenchStack | None = None, command: str | No
 
 
 def command_line(name: str, args, command: str = "specscale bench") -> str:
-    """`<command> <name>` (`specscale bench <name>` by default) with every option spelled out, as parsed."""
+    """`<command> <name>` (`specscale bench <name>` by default) with every option spelled out, as parsed,
+    but those the run's backend does not read."""
     parts = [*command.split(), name]
+    unread = IGNORED_BY_BACKEND[getattr(args, "backend", "real")]
     for key, value in sorted(vars(args).items()):
-        if key in ("func", "command", "bench_command") or value is None or value is False:
+        if key in ("func", "command", "bench_command") or key in unread or value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:
