@@ -13,6 +13,8 @@ from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 
 from specscale.cli import build_parser, main
 from specscale.sim.command import SIMULATED_BENCHMARKS
+from specscale.sim.hardware import HardwareProfile
+from specscale.sim.model_profile import ModelProfile
 from specscale.sim.trace import read_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -127,3 +129,16 @@ def test_a_real_run_records_a_trace(tmp_path):
     for request in requests:
         assert request.prompt_tokens > request.question_tokens > 0 and len(request.steps) >= 4
         assert all(s.step_tokens and s.token_ids for s in request.steps)
+
+
+def test_simulated_characterize_measures_the_simulated_device(tmp_path):
+    summary = simulate(tmp_path, "characterize", "--problems", "2", "--waiting-problems", "2", "--presets", "beam",
+                       "--beam-sizes", "4", "--max-rounds", "4", "--profile-variant", "")
+    cell = summary["results"]["beam"]["4"]
+    hardware, model = HardwareProfile.load("a100-80gb"), ModelProfile.load("qwen2.5-7b-instruct")
+    weights_s = (model.body_weight_bytes + model.head_weight_bytes) / hardware.achievable_bandwidth
+    # the fitted fixed cost of a decode iteration is the roofline's: fixed cost + reading the weights once
+    assert cell["iteration_fixed_ms"] == pytest.approx(1000 * (hardware.iteration_fixed_s + weights_s), rel=0.03)
+    assert cell["iteration_per_row_ms"] < 0.05  # an extra decode row rides along almost free
+    assert cell["prm_call_fixed_ms"] >= 1000 * hardware.prm_iteration_fixed_s
+    assert summary["waiting_batch_size_1"]["difficulty"] == "level"

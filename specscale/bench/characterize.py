@@ -154,6 +154,7 @@ def waiting_at_batch_size_one(stack, args) -> dict:
         by_events[entry["events"]].append(entry["ratio"])
     return {
         "beam_size": n,
+        "difficulty": stack.difficulty_unit,
         "overall": batch.runtime.metrics.summary()["waiting_time_ratio"],
         "median_per_request": statistics.median(e["ratio"] for e in per_request),
         "by_events": {str(k): statistics.median(v) for k, v in sorted(by_events.items())},
@@ -392,7 +393,7 @@ def report(results: dict, extra: dict) -> str:
 
 
 def waiting_report(waiting: dict) -> str:
-    rows = [[f"{events} events", ratio] for events, ratio in waiting["by_events"].items()]
+    rows = [[f"{waiting['difficulty']} {k}", ratio] for k, ratio in waiting["by_events"].items()]
     return (f"\n## Waiting at batch size 1 (beam, N = {waiting['beam_size']})\n\n"
             f"Share of candidate time spent finished and waiting for the round: {100 * waiting['overall']:.1f}% "
             f"overall, median per request {100 * waiting['median_per_request']:.1f}%.\n\n"
@@ -470,7 +471,7 @@ def plot_distributions(scores, prefix, waiting, extra: dict) -> None:
     prefix.set_title("common-prefix token ratio per sibling group")
     by_events = extra["waiting_batch_size_1"]["by_events"]
     waiting.bar(list(by_events), list(by_events.values()))
-    waiting.set_title("waiting ratio at batch size 1 by events")
+    waiting.set_title(f"waiting ratio at batch size 1 by {extra['waiting_batch_size_1']['difficulty']}")
 
 
 def plot_iterations(axis, runs: list[dict]) -> None:

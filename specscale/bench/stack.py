@@ -36,6 +36,7 @@ class BenchStack(Protocol):
     lv_threshold_tokens: int
     clock: Callable[[], float]  # seconds: wall on real models, simulated on the simulator
     warms_up: bool  # whether a short run must precede timed ones (kernels, allocator, caches)
+    difficulty_unit: str  # what `difficulty` counts
 
     def runtime(self, max_concurrency: int, **options) -> SearchRuntime: ...
     def backends(self) -> tuple: ...
@@ -51,6 +52,7 @@ class RealStack:
     """A `Pipeline` on checkpoints, serving the toy task's held-out problems on the wall clock."""
 
     warms_up = True
+    difficulty_unit = "events"
 
     def __init__(self, pipeline: Pipeline):
         self.pipeline, self.engine, self.verifier = pipeline, pipeline.engine, pipeline.verifier
@@ -95,6 +97,7 @@ class SimulatedStack:
     """A `Simulation`: the simulator's problems on simulated models and the virtual clock."""
 
     warms_up = False  # nothing to build or warm: the simulated forward passes cost no host setup
+    difficulty_unit = "level"
 
     def __init__(self, simulation: Simulation, lv_threshold_tokens: int | None = None):
         self.simulation, self.engine, self.verifier = simulation, simulation.engine, simulation.verifier
