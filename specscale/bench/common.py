@@ -423,7 +423,8 @@ def write_outputs(out: str | Path, name: str, info: dict, raw, results: dict, ma
 def header_markdown(name: str, info: dict) -> str:
     machine = info["machine"]
     load = info["other_cpu_busy_start"]
-    busy = " — **busy machine: timings are not trustworthy**" if info.get("busy_machine") else ""
+    simulated = info.get("backend") == "sim"  # simulated times do not depend on the machine's load
+    busy = " — **busy machine: timings are not trustworthy**" if info.get("busy_machine") and not simulated else ""
     title = info["command"].split(" --")[0].split(" ")[:2]
     return (f"# {' '.join(title)} {name}\n\n```bash\n{info['command']}\n```\n\n"
             f"commit `{info['git_commit']}`, {machine['cpu']} ({machine['cpu_count']} CPUs, "
