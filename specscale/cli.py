@@ -10,9 +10,9 @@ from specscale.bench import add_bench
 from specscale.defaults import TOY_GENERATOR
 from specscale.evaluation.command import add_eval
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
+from specscale.record_trace import add_trace
 from specscale.serve import add_serve
-from specscale.sim.command import add_simulate
-from specscale.sim.recorder import add_trace
+from specscale.simulate import add_simulate
 from specscale.solve import add_solve
 
 

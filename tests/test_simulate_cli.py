@@ -12,7 +12,7 @@ import torch
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 
 from specscale.cli import build_parser, main
-from specscale.sim.command import SIMULATED_BENCHMARKS
+from specscale.simulate import SIMULATED_BENCHMARKS
 from specscale.sim.hardware import HardwareProfile
 from specscale.sim.model_profile import ModelProfile
 from specscale.sim.trace import read_trace
