@@ -16,6 +16,8 @@ from specscale.simulate import SIMULATED_BENCHMARKS
 from specscale.sim.hardware import HardwareProfile
 from specscale.sim.model_profile import ModelProfile
 from specscale.sim.trace import read_trace
+from specscale.sim.workload import TOY, preset
+from specscale.sim.workload_choice import choose_workload
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 A100 = ["--hardware", "a100-80gb", "--generator", "qwen2.5-7b-instruct", "--prm", "qwen2.5-math-prm-7b"]
@@ -142,3 +144,15 @@ def test_simulated_characterize_measures_the_simulated_device(tmp_path):
     assert cell["iteration_per_row_ms"] < 0.05  # an extra decode row rides along almost free
     assert cell["prm_call_fixed_ms"] >= 1000 * hardware.prm_iteration_fixed_s
     assert summary["waiting_batch_size_1"]["difficulty"] == "level"
+
+
+def test_the_workload_choice_names_its_stand_ins(tmp_path):
+    own = choose_workload("math500", "my-finetune", "qwen2.5-math-prm-7b")
+    assert own.accuracy == preset("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b").accuracy
+    assert "my-finetune has no preset" in own.sources["models"]
+    assert choose_workload("toy", "toy-generator", "toy-prm") == TOY
+    path = tmp_path / "workload.json"
+    path.write_text(json.dumps(TOY.to_json()))
+    assert choose_workload("math500", "qwen2.5-3b-instruct", "qwen2.5-math-prm-7b", str(path)) == TOY
+    with pytest.raises(FileNotFoundError, match="no workload file"):
+        choose_workload("math500", "qwen2.5-3b-instruct", "qwen2.5-math-prm-7b", str(tmp_path / "missing.jsonl"))
