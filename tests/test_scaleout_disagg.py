@@ -6,7 +6,9 @@ application (one replica holding both models) at `/colocated` as the reference.
 Covered: the official `openai` client gets answers, streamed and not, from both generator replicas; the
 same seed gives the same answer (text and PRM scores) as co-located serving; the PRM replica's batches
 hold steps of both generator replicas' searches (`specscale_prm_batches_total{generator_replicas="2"}`)
-and every generator PRM batch was one call to it; /health lists the PRM replica apart; a PRM replica
+and every generator PRM batch was one call to it; /health lists the PRM replica apart; a client that
+disconnects mid-stream has its search cancelled and its KV freed, and a search past its budget gets 504,
+as co-located; a PRM replica
 killed under load is replaced and every request ends (200 after the scoring call's retry, or a clear
 error), none hangs; every replica process is gone once Ray is shut down.
 """
@@ -39,6 +41,8 @@ MODEL = "tiny"
 GENERATORS, MAX_CONCURRENCY, MAX_WAITING = 2, 2, 2
 QUESTION = "Tom has 12 apples. He buys 7 more. How many apples does Tom have?"
 FAST = {"beam_size": 4, "beam_width": 2, "max_rounds": 3}  # a few 16-token steps: well under a second
+LONG = {"preset": "beam", "beam_size": 64, "beam_width": 4, "max_rounds": 40}  # about a second: time to cancel
+LONG_SAMPLING = {"max_tokens": 64, "temperature": 1.2}
 COLOCATED = "/colocated"
 
 
@@ -179,6 +183,28 @@ def test_prm_batches_merge_steps_of_both_generator_replicas(deployments):
     assert metric(text, 'specscale_verifier_replicas{state="reporting"}') == 1
     solo = metric(text, 'specscale_prm_batches_total{generator_replicas="1"}')
     print(f"PRM batches: {merged:g} with both generator replicas' steps, {solo:g} with one replica's")
+
+
+# ---- the contract: cancel and time budget, with the PRM elsewhere ------------------------------------------
+def test_disconnect_mid_stream_frees_kv_on_the_generator_replica_and_504_past_the_budget(deployments):
+    before = deployments.metrics()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "seed": 3, "stream": True,
+            "search": LONG, **LONG_SAMPLING}
+    with httpx.Client(base_url=deployments.url, timeout=60) as h, \
+            h.stream("POST", "/v1/chat/completions", json=body) as response:
+        replica_id = response.headers[REPLICA_HEADER]
+        lines = response.iter_lines()  # held: a dropped iterator would close the response (a disconnect)
+        next(line for line in lines if "search_progress" in line)
+    series = 'specscale_requests_cancelled_total{reason="disconnect"}'
+    _wait_for(lambda: metric(deployments.metrics(), series) > metric(before, series), "the search was not cancelled")
+    replica = next(r for r in deployments.health()["replicas"] if r["replica_id"] == replica_id)
+    assert replica["kv_blocks_used"] == 0 and replica["live_sequences"] == 0 and replica["requests_running"] == 0
+
+    with pytest.raises(openai.APIStatusError) as caught:
+        deployments.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": QUESTION}], seed=1,
+            extra_body={"search": dict(LONG, timeout_s=0.05)}, **LONG_SAMPLING)
+    assert caught.value.status_code == 504 and caught.value.body["code"] == "timeout"
 
 
 # ---- failures (last: it replaces the PRM replica) -----------------------------------------------------------
