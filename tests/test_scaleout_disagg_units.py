@@ -19,7 +19,7 @@ from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.prm_batch_counters import PRMBatchCounters
 from specscale.scaleout.remote_verifier import PRMUnavailable, RemoteVerifier
 from specscale.scaleout.score_call import ScoreCall, ScoreReply
-from specscale.serve import pipeline_config, server_settings
+from specscale.serve import pipeline_config, run_serve, server_settings
 from specscale.verify.prm import ScoreRequest, ScoreResult, Verifier, VerifierConfig
 
 QUESTION = "Tom has 12 apples. He buys 7 more. How many apples does Tom have?"
@@ -146,3 +146,9 @@ def test_verifier_flags_build_a_disaggregated_config(tmp_path, monkeypatch):
         ScaleOutConfig(verifier_replicas=-1)
     with pytest.raises(ValueError, match="verifier_timeout_s"):
         ScaleOutConfig(verifier_timeout_s=0)
+
+
+def test_verifier_replicas_without_ray_are_refused_before_any_model_loads(capsys):
+    args = build_parser().parse_args(["serve", "--verifier-replicas", "1"])
+    assert run_serve(args) == 2
+    assert "--verifier-replicas needs --ray" in capsys.readouterr().out
