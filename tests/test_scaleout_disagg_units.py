@@ -141,6 +141,8 @@ def test_verifier_flags_build_a_disaggregated_config(tmp_path, monkeypatch):
     assert config.disaggregated and config.verifier_replicas == 2 and config.verifier_cpus == 4
     assert config.verifier_gpus == 1 and config.verifier_batch_wait_s == pytest.approx(0.02)
     assert config.verifier_capacity >= 6 and config.verifier_torch_threads == 4
+    assert config.verifier_batch_calls == 3  # 6 generator replicas' calls spread over 2 PRM replicas
+    assert ScaleOutConfig(replicas=2, verifier_replicas=1).verifier_batch_calls == 2
     assert not ScaleOutConfig().disaggregated
     with pytest.raises(ValueError, match="verifier_replicas"):
         ScaleOutConfig(verifier_replicas=-1)

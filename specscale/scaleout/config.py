@@ -82,6 +82,12 @@ class ScaleOutConfig:
         return self.threads or max(int(self.verifier_cpus), 1)
 
     @property
+    def verifier_batch_calls(self) -> int:
+        """Calls a PRM replica's batch waits for at most: its share of the generator replicas (Serve's router
+        spreads their calls over the PRM replicas), at least 1."""
+        return max(-(-self.replicas // max(self.verifier_replicas, 1)), 1)
+
+    @property
     def verifier_capacity(self) -> int:
         """Calls one PRM replica takes at once: every generator replica's one call, and the ingress's polls."""
         return self.replicas + VERIFIER_POLL_SLOTS

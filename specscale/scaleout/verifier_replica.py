@@ -3,8 +3,8 @@
 
 It holds one PRM verifier (verify/prm.py, with its step-prefix cache) and answers the generator replicas'
 scoring calls. Ray Serve's `@serve.batch` collects the calls that arrive together — at most one per
-generator replica (its engine thread waits for its scores), waiting at most `verifier_batch_wait_s` after
-the first — and the replica scores all their paths as one PRM batch: lazy verification's cross-request
+generator replica (its engine thread waits for its scores), starting the batch once its share of the
+generator replicas' calls is in or `verifier_batch_wait_s` after the first — and the replica scores all their paths as one PRM batch: lazy verification's cross-request
 batching, across generator replicas. Calls that arrive while a batch runs form the next one. The PRM runs
 on a thread of its own, so `/health` and `/metrics` polls are answered during a batch.
 """
@@ -35,7 +35,7 @@ class VerifierReplica:
         self.verifier = build_verifier(config.pipeline)
         self.counters = PRMBatchCounters()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="specscale-prm")  # the one thread that runs the PRM
-        self._score_batch.set_max_batch_size(config.replicas)
+        self._score_batch.set_max_batch_size(config.verifier_batch_calls)
         self._score_batch.set_batch_wait_timeout_s(config.verifier_batch_wait_s)
         self.replica_id = serve.get_replica_context().replica_tag
         self.started_at = time.time()
