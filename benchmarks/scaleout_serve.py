@@ -99,6 +99,11 @@ def row(name: str, summaries: list[dict], metrics: str) -> str:
     if batches:  # the PRM replica's batches merge the generator replicas' calls
         paths = metric(metrics, "specscale_prm_paths_total") / batches
     errors = sum(sum(s["errors_by_status"].values()) for s in summaries)
+    if batches:  # where a generator replica's scoring calls spent their time
+        waited, scoring = metric(metrics, "specscale_prm_call_seconds_total"), metric(metrics, "specscale_prm_batch_seconds_total")
+        calls = metric(metrics, "specscale_prm_calls_total")
+        print(f"{name}: {calls:g} scoring calls waited {waited:.1f} s in all ({1000 * waited / calls:.1f} ms each); "
+              f"the PRM scored its {batches:g} batches in {scoring:.1f} s ({1000 * scoring / batches:.1f} ms each)")
     return (f"| {name} | {', '.join(f'{r:.2f}' for r in rates)} | {statistics.median(rates):.2f} "
             f"| {median['output_tokens_per_s']:.0f} | {latency['p50']:.1f} s / {latency['p90']:.1f} s "
             f"| {paths:.1f} | {merged_text} |" + (f" errors: {errors}" if errors else ""))

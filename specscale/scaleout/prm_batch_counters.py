@@ -18,9 +18,11 @@ class PRMBatchCounters:
         self.paths = 0
         self.computed_tokens = 0
         self.failed_batches = 0
+        self.seconds = 0.0  # time the PRM spent scoring batches
 
-    def batch(self, callers: int, calls: int, paths: int, computed_tokens: int) -> None:
+    def batch(self, callers: int, calls: int, paths: int, computed_tokens: int, seconds: float = 0.0) -> None:
         with self.lock:
+            self.seconds += seconds
             self.batches_by_callers[callers] = self.batches_by_callers.get(callers, 0) + 1
             self.calls += calls
             self.paths += paths
@@ -47,6 +49,9 @@ class PRMBatchCounters:
                 "# HELP specscale_prm_computed_tokens_total PRM input tokens run by the PRM replicas",
                 "# TYPE specscale_prm_computed_tokens_total counter",
                 f"specscale_prm_computed_tokens_total {self.computed_tokens}",
+                "# HELP specscale_prm_batch_seconds_total Time the PRM replicas spent scoring their batches",
+                "# TYPE specscale_prm_batch_seconds_total counter",
+                f"specscale_prm_batch_seconds_total {self.seconds!r}",
                 "# HELP specscale_prm_batch_failures_total PRM batches that raised (their calls got the error)",
                 "# TYPE specscale_prm_batch_failures_total counter",
                 f"specscale_prm_batch_failures_total {self.failed_batches}",

@@ -17,6 +17,7 @@ hangs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from ray.exceptions import RayActorError
@@ -52,10 +53,13 @@ class RemoteVerifier:
         self.prefixes = ScoredPrefixes(VerifierConfig.max_cached_prefixes)
         self.prm_kv_seen = KVUsage(0, 0)  # the answering PRM replica's KV after the latest call
         self.retries = 0
+        self.waited_s = 0.0  # the engine thread's time in scoring calls (the PRM batch, its wait, the hops)
 
     # ---- VerifierBackend ---------------------------------------------------------------------------
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        started = time.perf_counter()
         reply = self._call(ScoreCall(self.caller, tuple(requests)))
+        self.waited_s += time.perf_counter() - started
         self.prm_kv_seen = reply.prm_kv
         for request, result in zip(requests, reply.results, strict=True):
             self._remember(request, result)
@@ -75,7 +79,10 @@ class RemoteVerifier:
         """This replica's PRM-call retries, in the Prometheus text format (summed over replicas by the ingress)."""
         return ("# HELP specscale_prm_call_retries_total Scoring calls sent again after their PRM replica failed\n"
                 "# TYPE specscale_prm_call_retries_total counter\n"
-                f"specscale_prm_call_retries_total {self.retries}\n")
+                f"specscale_prm_call_retries_total {self.retries}\n"
+                "# HELP specscale_prm_call_seconds_total Time search replicas' engine threads waited for scoring calls\n"
+                "# TYPE specscale_prm_call_seconds_total counter\n"
+                f"specscale_prm_call_seconds_total {self.waited_s!r}\n")
 
     def close(self) -> None:
         """Nothing to release here: the PRM replica's LRU cache drops what this replica's searches left."""

@@ -48,13 +48,15 @@ class VerifierReplica:
     async def _score_batch(self, calls: list[ScoreCall]) -> list[ScoreReply]:
         requests = [request for call in calls for request in call.requests]
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
         try:
             results = await loop.run_in_executor(self.executor, self.verifier.score, requests)
         except Exception:
             self.counters.failure()  # every call of the batch gets the error
             raise
         callers = len({call.caller for call in calls})
-        self.counters.batch(callers, len(calls), len(requests), sum(r.computed_tokens for r in results))
+        self.counters.batch(callers, len(calls), len(requests), sum(r.computed_tokens for r in results),
+                            time.perf_counter() - started)
         return self._replies(calls, results, callers)
 
     def _replies(self, calls: list[ScoreCall], results: list[ScoreResult], callers: int) -> list[ScoreReply]:
