@@ -203,3 +203,10 @@ def test_median_summary_and_command_line():
 
     args = argparse.Namespace(out="o", quick=True, beam_sizes=[4, 8], threads=None, func=print)
     assert command_line("throughput", args) == "specscale bench throughput --beam-sizes 4,8 --out o --quick"
+
+
+def test_only_variants_that_promise_beams_paths_are_held_to_the_pairing_target():
+    from specscale.bench.accuracy import promises_beams_paths
+
+    held = {v for v in (*LADDER, "dvts", "best-of-n", "single-sample") if promises_beams_paths(v)}
+    assert held == {"beam", "beam+cd", "naive-spec", "ep-strict", "ep", "ep+cd", "specscale"}
