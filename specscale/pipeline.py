@@ -53,18 +53,27 @@ class PipelineConfig:
     trust_special_tokens: bool = False
 
 
+def build_verifier(config: PipelineConfig) -> Verifier:
+    """The PRM verifier of this config (a pipeline's own, or a PRM replica's in disaggregated serving:
+    docs/scale-out.md)."""
+    return Verifier(VerifierConfig(EngineConfig(
+        model=config.prm, dtype=config.prm_dtype, device=config.device, kv_cache_memory_gb=config.prm_kv_gb,
+        max_num_batched_tokens=8192, max_num_seqs=1024, seed=config.seed,
+    ), trust_special_tokens=config.trust_special_tokens))
+
+
 class Pipeline:
-    def __init__(self, config: PipelineConfig = PipelineConfig(), clock=None):
+    """verifier: a verifier served elsewhere (`scaleout/remote_verifier.py`, docs/scale-out.md), which must
+    also carry the PRM's `format` and `max_input_tokens`; None builds the PRM verifier in this process."""
+
+    def __init__(self, config: PipelineConfig = PipelineConfig(), clock=None, verifier: VerifierBackend | None = None):
         self.config = config
         self.engine = Engine(EngineConfig(
             model=config.generator, dtype=config.generator_dtype, device=config.device,
             kv_cache_memory_gb=config.generator_kv_gb, max_num_seqs=config.max_num_seqs, seed=config.seed,
             spare_rows=self._spare_rows(),
         ))
-        self.verifier = Verifier(VerifierConfig(EngineConfig(
-            model=config.prm, dtype=config.prm_dtype, device=config.device, kv_cache_memory_gb=config.prm_kv_gb,
-            max_num_batched_tokens=8192, max_num_seqs=1024, seed=config.seed,
-        ), trust_special_tokens=config.trust_special_tokens))
+        self.verifier = verifier or build_verifier(config)
         self.lv_threshold_tokens = self._lv_threshold()
         self.clock = clock or time.perf_counter
 
@@ -93,7 +102,10 @@ class Pipeline:
 
     def model_memory(self) -> dict:
         """What each model holds (model/memory.py), as /health reports it."""
-        return {"generator": self.engine.model_memory().as_dict(), "prm": self.verifier.engine.model_memory().as_dict()}
+        memory = {"generator": self.engine.model_memory().as_dict()}
+        if isinstance(self.verifier, Verifier):  # a remote PRM's memory is its own replica's to report
+            memory["prm"] = self.verifier.engine.model_memory().as_dict()
+        return memory
 
     def prompt_ids(self, question: str) -> list[int]:
         chat = render_chat_text(self.engine.tokenizer, chat_messages(question, self.config.system_prompt),

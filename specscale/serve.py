@@ -138,6 +138,8 @@ def _argument_problem(args) -> str | None:
                 "pass a key or leave both unset")
     if args.protect_metrics and args.api_key is None:
         return "--protect-metrics needs --api-key"
+    if args.verifier_replicas and not args.ray:
+        return "--verifier-replicas needs --ray (PRM replicas are a Ray Serve deployment: docs/scale-out.md)"
     return None
 
 

@@ -29,9 +29,6 @@ from specscale.cli import main as specscale_main
 from specscale.tasks.toy import MAX_OPS, MIN_OPS, extract_answer, toy_problems
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-# Until the models retrained on 1..8 events are in specscale/assets, the one-event examples come back
-# wrong (issue 17); remove this marker with the checkpoints' commit.
-AWAITING_RETRAINED_MODELS = pytest.mark.xfail(reason="bundled models predate the 1-8 event retrain", strict=False)
 QUESTION_FLAG = re.compile(r'--(?:question|prompt) "([^"]+)"')
 SOLVE_LINE = re.compile(r"^specscale solve .*--question .*$", re.MULTILINE)
 CURL_BODY = re.compile(r"^curl .*?-d '(\{.*?\})'", re.MULTILINE | re.DOTALL)
@@ -99,7 +96,6 @@ def test_the_readme_has_examples_to_check():
     assert solve_lines() and other_questions() and CURL_BODY.search(README)
 
 
-@AWAITING_RETRAINED_MODELS
 @pytest.mark.parametrize("line", solve_lines())
 def test_each_readme_solve_line_answers_its_question(line):
     argv = shlex.split(line)[1:]
@@ -108,7 +104,6 @@ def test_each_readme_solve_line_answers_its_question(line):
     assert answers_printed(stdout) == [true_answer(q) for q in questions], stdout
 
 
-@AWAITING_RETRAINED_MODELS
 @pytest.mark.parametrize("question", other_questions())
 def test_each_other_readme_question_is_answered_by_solve(question):
     stdout, stderr = run_solve(["solve", "--question", question, "--quiet"])
@@ -144,7 +139,6 @@ def wait_for_url(log: Path, process: subprocess.Popen, timeout_s: float = 180.0)
     raise AssertionError(f"the server did not start:\n{log.read_text()}")
 
 
-@AWAITING_RETRAINED_MODELS
 def test_the_readme_curl_example_gets_the_true_answer(server_url):
     body = json.loads(CURL_BODY.search(README)[1])
     question = body["messages"][-1]["content"]
@@ -162,7 +156,6 @@ def chat_messages(code: str) -> list[dict]:
     raise AssertionError("no messages= in the openai example")
 
 
-@AWAITING_RETRAINED_MODELS
 def test_the_readme_openai_example_streams_the_true_answer(server_url):
     code = next(block for block in PYTHON_BLOCK.findall(README) if "from openai import OpenAI" in block)
     code = code.replace("http://localhost:8000/v1", f"{server_url}/v1")

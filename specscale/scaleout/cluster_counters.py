@@ -47,3 +47,14 @@ class ClusterCounters:
             ]
             lines += [f'specscale_request_retries_total{{outcome="{o}"}} {n}' for o, n in sorted(self.retries.items())]
             return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def render_verifiers(reporting: int, target: int) -> str:
+        """The PRM replicas of disaggregated serving: target (configured) and reporting."""
+        return "\n".join([
+            "# HELP specscale_verifier_replicas PRM replicas: target (configured) and reporting (answered the "
+            "latest /health or /metrics poll)",
+            "# TYPE specscale_verifier_replicas gauge",
+            f'specscale_verifier_replicas{{state="target"}} {target}',
+            f'specscale_verifier_replicas{{state="reporting"}} {reporting}',
+        ]) + "\n"

@@ -28,6 +28,16 @@ def add_ray_flags(p) -> None:
                        help="Ray cluster to join ('auto' or HEAD:6379; default: start a local Ray instance)")
     group.add_argument("--replica-cpus", type=float, default=defaults.replica_cpus, help="CPUs each replica reserves")
     group.add_argument("--replica-gpus", type=float, default=defaults.replica_gpus, help="GPUs each replica reserves")
+    group.add_argument("--verifier-replicas", type=int, default=defaults.verifier_replicas,
+                       help="PRM replicas as a deployment of their own, shared by every search replica, which then "
+                            "holds the generator only (disaggregated; default 0: each replica holds its own PRM)")
+    group.add_argument("--verifier-cpus", type=float, default=defaults.verifier_cpus,
+                       help="CPUs each PRM replica reserves (with --verifier-replicas)")
+    group.add_argument("--verifier-gpus", type=float, default=defaults.verifier_gpus,
+                       help="GPUs each PRM replica reserves (with --verifier-replicas)")
+    group.add_argument("--verifier-batch-wait-ms", type=float, default=defaults.verifier_batch_wait_s * 1000,
+                       help="how long a PRM replica waits for the other search replicas' scoring calls to join "
+                            "the first one's PRM batch (with --verifier-replicas)")
 
 
 def scale_out_config(args, pipeline: PipelineConfig, settings: ServerSettings) -> ScaleOutConfig:
@@ -36,7 +46,9 @@ def scale_out_config(args, pipeline: PipelineConfig, settings: ServerSettings) -
     pipeline = dataclasses.replace(pipeline, generator=str(Path(pipeline.generator).resolve()),
                                    prm=str(Path(pipeline.prm).resolve()))
     return ScaleOutConfig(pipeline, settings, replicas=args.replicas, replica_cpus=args.replica_cpus,
-                          replica_gpus=args.replica_gpus, threads=args.threads)
+                          replica_gpus=args.replica_gpus, threads=args.threads,
+                          verifier_replicas=args.verifier_replicas, verifier_cpus=args.verifier_cpus,
+                          verifier_gpus=args.verifier_gpus, verifier_batch_wait_s=args.verifier_batch_wait_ms / 1000)
 
 
 def run_ray_serve(args, config: ScaleOutConfig) -> int:
@@ -53,7 +65,7 @@ def run_ray_serve(args, config: ScaleOutConfig) -> int:
         logging_config = {"log_level": args.log_level.upper(), "enable_access_log": args.access_log}
         serve.run(build_application(config), name=APP_NAME, route_prefix="/", logging_config=logging_config)
         print(f"SpecScale serving {config.settings.served_model_name} on {config.replicas} Ray Serve replicas "
-              f"at http://{_url_host(args.host)}:{port}", flush=True)
+              f"at http://{_url_host(args.host)}:{port}{_verifier_note(config)}", flush=True)
         _wait_for_interrupt()
     finally:
         _stop(serve, ray, joined=args.address is not None)
@@ -86,6 +98,10 @@ def free_port(host: str) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def _verifier_note(config: ScaleOutConfig) -> str:
+    return f" (PRM on {config.verifier_replicas} replicas of its own)" if config.disaggregated else ""
 
 
 def _url_host(host: str) -> str:

@@ -6,6 +6,8 @@ server); the search goes to a replica through a Ray Serve streaming handle call,
 (`ForwardedSearch`). `/v1/models`, `/health` and `/metrics` ask every replica at once (Serve's handle
 `broadcast`, which a full cluster does not refuse): `/health` lists each replica and the totals,
 `/metrics` sums the replicas' series with the ingress's own HTTP counts and its replica-failure counters.
+In disaggregated serving both also ask every PRM replica (`VerifierReplica`): /health lists them apart
+and adds their PRM KV to the total, /metrics sums their PRM-batch series with the rest.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ HEALTH_TOTALS = ("requests_running", "requests_waiting", "kv_blocks_used", "kv_b
 
 @serve.ingress()
 class Ingress:
-    def __init__(self, config: ScaleOutConfig, replicas):
+    def __init__(self, config: ScaleOutConfig, replicas, verifiers=None):
         self.config = config
         self.replicas = replicas  # DeploymentHandle of the SearchReplica deployment
+        self.verifiers = verifiers  # DeploymentHandle of the VerifierReplica deployment (disaggregated serving)
         self.metrics = ServerMetrics()  # only its HTTP status counts are used: the searches' come from replicas
         self.counters = ClusterCounters()
         self.started = int(time.time())
@@ -81,20 +84,30 @@ class Ingress:
         return {"object": "list", "data": [self._model_card]}
 
     async def health(self) -> JSONResponse:
-        statuses = await self._poll()
-        replicas = [dict(replica_id=s.replica_id, pid=s.pid, node_id=s.node_id, **s.health) for s in statuses]
+        replicas = _described(await self._poll())
+        verifiers = _described(await self._poll_verifiers())
         healthy = sum(1 for r in replicas if r["error"] is None)
+        verifiers_healthy = len(verifiers)  # a PRM replica that answers serves (Serve replaces one that fails)
         total = {name: sum(r[name] for r in replicas) for name in HEALTH_TOTALS}
-        state = "ok" if healthy >= self.config.replicas else "degraded" if healthy else "failed"
+        total["prm_kv_blocks_used"] += sum(v["prm_kv_blocks_used"] for v in verifiers)
+        complete = healthy >= self.config.replicas and verifiers_healthy >= self.config.verifier_replicas
+        serving = healthy > 0 and (verifiers_healthy > 0 or not self.config.disaggregated)
+        state = "ok" if complete else "degraded" if serving else "failed"
         body = {"status": state, "replicas_target": self.config.replicas, "replicas_healthy": healthy,
                 **total, "replicas": replicas}
-        return JSONResponse(body, status_code=200 if healthy else 503)
+        if self.config.disaggregated:
+            body |= {"verifier_replicas_target": self.config.verifier_replicas,
+                     "verifier_replicas_healthy": verifiers_healthy, "verifier_replicas": verifiers}
+        return JSONResponse(body, status_code=200 if serving else 503)
 
     async def prometheus(self) -> PlainTextResponse:
         statuses = await self._poll()
+        verifiers = await self._poll_verifiers()
         http = only_families(self.metrics.render(EngineSnapshot()), {"specscale_http_responses_total"})
-        texts = [*(s.metrics for s in statuses), http]
+        texts = [*(s.metrics for s in statuses), *(v.metrics for v in verifiers), http]
         cluster = self.counters.render(len(statuses), self.config.replicas)
+        if self.config.disaggregated:
+            cluster += self.counters.render_verifiers(len(verifiers), self.config.verifier_replicas)
         return PlainTextResponse(sum_expositions(texts) + cluster, media_type=PROMETHEUS_TEXT)
 
     async def _poll(self) -> list:
@@ -103,15 +116,27 @@ class Ingress:
         self.counters.saw_replicas([s.replica_id for s in statuses])
         return sorted(statuses, key=lambda s: s.replica_id)
 
-    async def _broadcast(self, method: str, *args) -> list:
-        """`method` on every replica at once; those that fail or do not answer within POLL_TIMEOUT_S are left
-        out (all of them when the deployment has no replica up)."""
+    async def _poll_verifiers(self) -> list:
+        """Every live PRM replica's ReplicaStatus (none unless disaggregated)."""
+        if self.verifiers is None:
+            return []
+        return sorted(await self._broadcast("status", deployment=self.verifiers), key=lambda s: s.replica_id)
+
+    async def _broadcast(self, method: str, *args, deployment=None) -> list:
+        """`method` on every replica of the deployment (default: the search replicas) at once; those that fail
+        or do not answer within POLL_TIMEOUT_S are left out (all of them when the deployment has no replica up)."""
+        handle = self.replicas if deployment is None else deployment
         try:
-            results = await self.replicas.broadcast(method, *args).results_async(timeout_s=POLL_TIMEOUT_S,
-                                                                                 return_exceptions=True)
+            results = await handle.broadcast(method, *args).results_async(timeout_s=POLL_TIMEOUT_S,
+                                                                          return_exceptions=True)
         except (TimeoutError, DeploymentUnavailableError):
             return []
         return [r for r in results if not isinstance(r, BaseException)]
+
+
+def _described(statuses: list) -> list[dict]:
+    """Each replica's /health body with who it is."""
+    return [dict(replica_id=s.replica_id, pid=s.pid, node_id=s.node_id, **s.health) for s in statuses]
 
 
 class ForwardedStreamingResponse(StreamingResponse):

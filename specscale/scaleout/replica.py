@@ -1,5 +1,6 @@
 """SearchReplica: one Ray Serve replica of the search pipeline (generator engine + PRM verifier + search
-runtime behind one engine thread), answering the ingress's streaming handle calls.
+runtime behind one engine thread), answering the ingress's streaming handle calls. In disaggregated
+serving its PRM is the PRM deployment's, reached through `RemoteVerifier` (docs/scale-out.md).
 
 A call runs the same code as `specscale serve`'s routes (`server/app.py` `SearchRoutes`: submit, answer,
 stream), so limits, errors, SSE chunks and metrics are the same. The ingress cancels a call when its
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 
 from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.messages import Answered, Rejected, StreamOpened
+from specscale.scaleout.remote_verifier import RemoteVerifier
 from specscale.server.app import SearchRoutes, health_report, metrics_text, model_card
 from specscale.server.errors import APIError
 from specscale.server.responses import CompletionFormat
@@ -40,16 +42,23 @@ class ReplicaStatus:
 
 
 class SearchReplica:
-    def __init__(self, config: ScaleOutConfig):
+    def __init__(self, config: ScaleOutConfig, verifiers=None):
+        """verifiers: the PRM deployment's handle in disaggregated serving (this replica then holds the
+        generator only and scores through `RemoteVerifier`); None: it holds its own PRM (co-located)."""
         import torch
         from ray import serve
 
         torch.set_num_threads(config.torch_threads)
-        self.stack = SearchStack.build(config.pipeline, config.settings)
+        self.replica_id = serve.get_replica_context().replica_tag
+        self.stack = SearchStack.build(config.pipeline, config.settings, self._remote_verifier(config, verifiers))
         self.routes = SearchRoutes(self.stack.engine_loop, self.stack.builder, self.stack.metrics, config.settings)
         self.stack.engine_loop.start()
-        self.replica_id = serve.get_replica_context().replica_tag
         self.started_at = time.time()
+
+    def _remote_verifier(self, config: ScaleOutConfig, verifiers):
+        if verifiers is None:
+            return None
+        return RemoteVerifier(verifiers, config.pipeline, self.replica_id, config.verifier_timeout_s)
 
     async def search(self, body: BaseModel, chat: bool, request_id: str) -> AsyncIterator:
         """Rejected | Answered, or StreamOpened then the SSE chunks (streaming handle call)."""
@@ -82,9 +91,11 @@ class SearchReplica:
     def status(self) -> ReplicaStatus:
         import ray
 
+        metrics = metrics_text(self.stack.engine_loop, self.stack.metrics)
+        if isinstance(self.stack.pipeline.verifier, RemoteVerifier):
+            metrics += self.stack.pipeline.verifier.render_metrics()
         return ReplicaStatus(self.replica_id, os.getpid(), ray.get_runtime_context().get_node_id(),
-                             self.started_at, health_report(self.stack.engine_loop),
-                             metrics_text(self.stack.engine_loop, self.stack.metrics))
+                             self.started_at, health_report(self.stack.engine_loop), metrics)
 
     def model_card(self, created: int) -> dict:
         return model_card(self.stack.settings, self.stack.builder.context_tokens, created)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specscale.pipeline import Pipeline, PipelineConfig
+from specscale.search.backend import VerifierBackend
 from specscale.server.engine_loop import EngineLoop
 from specscale.server.metrics import ServerMetrics
 from specscale.server.search_builder import SearchBuilder
@@ -23,12 +24,14 @@ class SearchStack:
     settings: ServerSettings
 
     @classmethod
-    def build(cls, pipeline_config: PipelineConfig, settings: ServerSettings) -> SearchStack:
-        """Loads both models (the slow part); the engine thread is not started yet."""
+    def build(cls, pipeline_config: PipelineConfig, settings: ServerSettings,
+              verifier: VerifierBackend | None = None) -> SearchStack:
+        """Loads both models (the slow part), or only the generator when given a verifier served elsewhere
+        (a remote PRM deployment: docs/scale-out.md); the engine thread is not started yet."""
         from specscale.grading import shared_grader
 
         shared_grader().start()  # votes over non-numeric answers use math-verify: its worker imports while models load
-        pipeline = Pipeline(pipeline_config)
+        pipeline = Pipeline(pipeline_config, verifier=verifier)
         metrics = ServerMetrics()
         engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s,
                                  model_memory=pipeline.model_memory)
