@@ -156,3 +156,25 @@ def test_the_workload_choice_names_its_stand_ins(tmp_path):
     assert choose_workload("math500", "qwen2.5-3b-instruct", "qwen2.5-math-prm-7b", str(path)) == TOY
     with pytest.raises(FileNotFoundError, match="no workload file"):
         choose_workload("math500", "qwen2.5-3b-instruct", "qwen2.5-math-prm-7b", str(tmp_path / "missing.jsonl"))
+
+
+def test_open_loop_waits_reach_each_arrival_late_on_the_virtual_clock():
+    from specscale.bench.common import search_requests
+    from specscale.bench.latency import serve_open_loop
+    from specscale.bench.stack import SimulatedStack
+    from specscale.sim.simulation import Simulation, SimulationConfig
+
+    stack = SimulatedStack(Simulation(SimulationConfig()))
+    stack.clock.advance(116.13370459400056)  # where an earlier run left it: (start + gap) - start < gap here
+    problems = stack.problems(2)
+    requests = search_requests(stack, problems, "beam", 0, beam_size=4, beam_width=4, max_rounds=2)
+
+    class Bar:
+        def update(self, _):
+            pass
+
+    arrivals = [25.32699453496304, 30.0]  # waiting by the gap (clock += gap) would stop an ulp short: a spin
+    latencies = serve_open_loop(stack, 2, requests, arrivals, Bar())
+    assert [r["arrival_s"] for r in latencies] == arrivals
+    assert all(r["latency_s"] > 0 for r in latencies)
+    stack.close()

@@ -112,13 +112,12 @@ def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float]
     ids = []
     start = clock()
     while pending or runtime.has_work():
-        now = clock() - start
-        while pending and pending[0][0] <= now:
+        while pending and start + pending[0][0] <= clock():  # absolute times: no rounding between the two sides
             ids.append(runtime.submit(pending.popleft()[1]))
         if runtime.has_work():
             bar.update(len(runtime.step()))
         elif pending:
-            stack.wait(pending[0][0] - now)
+            stack.wait_until(start + pending[0][0])
     out = []
     for request_id, arrival in zip(ids, arrivals):
         result = runtime.result(request_id)

@@ -43,7 +43,7 @@ class BenchStack(Protocol):
     def problems(self, count: int) -> list: ...
     def request(self, problem, config: SearchConfig, request_id: str | None = None) -> SearchRequest: ...
     def difficulty(self, problem) -> int: ...
-    def wait(self, seconds: float) -> None: ...
+    def wait_until(self, until: float) -> None: ...  # until clock() >= until
     def describe(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -74,8 +74,8 @@ class RealStack:
     def difficulty(self, problem) -> int:
         return len(problem.ops)  # events in the toy story
 
-    def wait(self, seconds: float) -> None:
-        time.sleep(max(seconds, 0.0))
+    def wait_until(self, until: float) -> None:
+        time.sleep(max(until - self.clock(), 0.0))
 
     def describe(self) -> dict:
         generator, prm = self.pipeline.config.generator, self.pipeline.config.prm
@@ -119,8 +119,8 @@ class SimulatedStack:
     def difficulty(self, problem) -> int:
         return problem.level
 
-    def wait(self, seconds: float) -> None:
-        self.simulation.clock.advance(max(seconds, 0.0))
+    def wait_until(self, until: float) -> None:
+        self.simulation.clock.advance_to(until)
 
     def describe(self) -> dict:
         sim = self.simulation

@@ -21,3 +21,7 @@ class VirtualClock:
         if seconds < 0:
             raise ValueError(f"a clock cannot go back: advance({seconds})")
         self.now += seconds
+
+    def advance_to(self, time: float) -> None:
+        """Move to `time` exactly (a sum of advances may stop an ulp short of it); never backwards."""
+        self.now = max(self.now, time)
