@@ -154,7 +154,8 @@ def simulated_numbers(batch, problems) -> dict:
     elapsed = batch.elapsed_s
     return {
         "elapsed_s": elapsed, "output_tokens_per_s": sum(u.output_tokens for u in usage) / elapsed,
-        "requests_per_s": len(usage) / elapsed, "generated_tokens_per_s": sum(u.generated_tokens for u in usage) / elapsed,
+        "requests_per_s": len(usage) / elapsed,
+        "generated_tokens_per_s": sum(u.generated_tokens for u in usage) / elapsed,
         "accuracy": correct / len(usage), "output_tokens": sum(u.output_tokens for u in usage),
         "generated_tokens": sum(u.generated_tokens for u in usage), "generation_s": metrics["generation_s"],
         "verification_s": metrics["verification_s"], "verifier_calls": metrics["verifier_calls"],
