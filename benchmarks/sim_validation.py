@@ -40,7 +40,10 @@ from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.search.presets import preset_config
 from specscale.sim.cpu_fit import fit_cpu_profile
 from specscale.sim.simulation import Simulation, SimulationConfig
-from specscale.sim.trace import TraceHeader, fit_workload, read_trace, trace_request, write_trace
+from specscale.sim.calibrate import top_token_prob
+from specscale.sim.trace import (
+    TraceHeader, TraceRequest, common_prefix_ratio, fit_workload, read_trace, trace_request, write_trace,
+)
 from specscale.sim.workload import TOY, WorkloadParams
 
 TARGET_ERROR = 0.15  # the issue's target: every cell within +-15%
@@ -74,16 +77,31 @@ def record_trace(out: Path, problems: int, beam_size: int, variant: str, seed: i
 
 # ---- 2. the CPU profile and the toy workload --------------------------------------------------------------
 def fit_toy_workload(trace: Path) -> WorkloadParams:
-    """TOY with what the trace measures (fit_workload, dominant-token probability included) and a system
-    prompt as long as the real prompts' share beyond the question."""
-    _, requests = read_trace(trace)
-    fitted = fit_workload(requests, TOY, fit_entropy=True)
+    """TOY with what the trace measures (fit_workload), the dominant-token probability fitted to the
+    siblings' common prefix in their *first steps* (a best-of-n trace's siblings are whole solutions, whose
+    shared share is far below a step's), and a system prompt as long as the real prompts' share beyond the
+    question."""
+    header, requests = read_trace(trace)
+    fitted = fit_workload(requests, TOY)
+    ratio = common_prefix_ratio([first_steps(r) for r in requests])
+    if ratio is not None:
+        width = header.search.get("beam_size", 4)
+        fitted = replace(fitted, top_token_prob=top_token_prob(fitted, ratio, width))
+        fitted.sources["top_token_prob"] = (f"fitted to the trace's first-step common-prefix ratio {ratio:.3f} "
+                                            f"({width} siblings)")
     beyond_question = statistics.median(r.prompt_tokens - r.question_tokens for r in requests)
     system = max(int(round(beyond_question - template_tokens(fitted))), 0)
     fitted = replace(fitted, name="toy fitted", system_prompt_tokens=system)
     fitted.sources["system_prompt_tokens"] = (f"fitted: the trace's prompts hold a median {beyond_question:.0f} "
                                               "tokens beyond the question")
     return fitted
+
+
+def first_steps(request: TraceRequest) -> TraceRequest:
+    """The request with each candidate's token ids cut to its first step."""
+    steps = tuple(replace(s, token_ids=s.token_ids[: s.step_tokens[0]] if s.token_ids and s.step_tokens else None)
+                  for s in request.steps)
+    return replace(request, steps=steps)
 
 
 def template_tokens(params: WorkloadParams) -> int:
