@@ -74,7 +74,8 @@ def test_throughput_quick(models, tmp_path):
             assert cell["output_tokens_per_s"] > 0 and cell["generated_tokens_per_s"] > 0
             assert cell["requests_per_s"] > 0 and len(cell["output_tokens_per_s_repeats"]) == 3
             assert 0 <= cell["accuracy"] <= 1
-            assert cell["generation_s"] + cell["verification_s"] <= cell["elapsed_s"] * 1.01
+    for run in json.loads((tmp_path / "raw.json").read_text())["runs"]:  # medians of a cell need not add up
+        assert run["generation_s"] + run["verification_s"] <= run["elapsed_s"] * 1.01
     assert {(s["ratio"], s["beam_size"]) for s in summary["speedups"]} >= {("specscale / beam", 8),
                                                                           ("specscale / beam", 4)}
     assert "Targets" in (tmp_path / "throughput.md").read_text()

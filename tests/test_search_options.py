@@ -15,3 +15,17 @@ def test_the_api_maps_filter_duplicates_onto_the_search(builder):  # noqa: F811
 def test_solve_takes_filter_duplicates():
     args = build_parser().parse_args(["solve", "--preset", "dvts", "--filter-duplicates"])
     assert args.filter_duplicates and not build_parser().parse_args(["solve"]).filter_duplicates
+
+
+def test_bench_and_eval_take_filter_duplicates():
+    """Every bench sub-command and eval pass the flag on to each search's config."""
+    from specscale.bench.common import search_settings
+    from specscale.evaluation.command import search_config
+
+    bench = build_parser().parse_args(["bench", "throughput", "--out", "x", "--filter-duplicates"])
+    assert search_settings(bench, 8)["filter_duplicates"] is True
+    plain = build_parser().parse_args(["bench", "accuracy", "--out", "x"])
+    assert search_settings(plain, 8)["filter_duplicates"] is False
+    asked = build_parser().parse_args(["eval", "--dataset", "gsm8k", "--filter-duplicates"])
+    assert search_config(asked, "beam", seed=0).filter_duplicates
+    assert not search_config(build_parser().parse_args(["eval", "--dataset", "gsm8k"]), "beam", seed=0).filter_duplicates

@@ -18,7 +18,7 @@ from statistics import NormalDist
 
 from specscale.bench.common import (
     LADDER, add_common_arguments, finish_info, fresh_runtime, interleaved, is_right, markdown_table, new_figure,
-    progress_bar, run_batch, search_requests, start_run, toy_workload, vote_is_right, write_outputs,
+    progress_bar, run_batch, search_requests, search_settings, start_run, toy_workload, vote_is_right, write_outputs,
 )
 
 NAME = "accuracy"
@@ -60,7 +60,7 @@ def cell_config(variant: str, n: int, args) -> tuple[str, dict]:
         return "best-of-n", {"beam_size": 1, "beam_width": 1}
     if variant == BEST_OF_N:
         return "best-of-n", {"beam_size": n, "beam_width": args.beam_width}
-    return variant, {"beam_size": n, "beam_width": args.beam_width, "max_rounds": args.max_rounds}
+    return variant, search_settings(args, n)
 
 
 def measure(pipeline, args, problems, cells) -> list[dict]:

@@ -31,7 +31,8 @@ import numpy as np
 
 from specscale.bench.common import (
     LADDER, add_common_arguments, finish_info, fresh_runtime, interleaved, markdown_table, median_summary,
-    new_figure, percentile, progress_bar, run_batch, search_requests, serving_numbers, start_run, toy_workload,
+    new_figure, percentile, progress_bar, run_batch, search_requests,
+    search_settings, serving_numbers, start_run, toy_workload,
     write_outputs,
 )
 from specscale.engine.block_manager import KVUsage
@@ -140,8 +141,8 @@ class TimedVerifier:
 def waiting_at_batch_size_one(pipeline, args) -> dict:
     problems = toy_workload(args.waiting_problems)
     n = max(args.beam_sizes)
-    requests = search_requests(pipeline, problems, "beam", args.seed, tag="batch-1 ", beam_size=n,
-                               beam_width=args.beam_width, max_rounds=args.max_rounds)
+    requests = search_requests(pipeline, problems, "beam", args.seed, tag="batch-1 ",
+                               **search_settings(args, n))
     with progress_bar(len(requests), "waiting at batch size 1") as bar:
         batch = run_batch(fresh_runtime(pipeline, 1), requests, bar)
     per_request = []
@@ -172,8 +173,7 @@ def measure(pipeline, args, problems) -> tuple[list[dict], dict]:
             generator, verifier = pipeline.backends()
             generator, verifier = TimedGenerator(generator), TimedVerifier(verifier)
             runtime = fresh_runtime(pipeline, args.max_concurrency, generator=generator, verifier=verifier)
-            requests = search_requests(pipeline, problems, variant, args.seed, beam_size=n,
-                                       beam_width=args.beam_width, max_rounds=args.max_rounds)
+            requests = search_requests(pipeline, problems, variant, args.seed, **search_settings(args, n))
             batch = run_batch(runtime, requests, bar)
             runs.append({"variant": variant, "beam_size": n, "repeat": repeat,
                          **characterization(batch, problems, generator, verifier)})
@@ -321,7 +321,7 @@ def score_histogram(searches: list) -> dict:
 def profile_run(pipeline, args, problems) -> dict:
     """cProfile of one run of the profile variant: self time by package and the top functions."""
     requests = search_requests(pipeline, problems, args.profile_variant, args.seed, tag="profile ",
-                               beam_size=max(args.beam_sizes), beam_width=args.beam_width, max_rounds=args.max_rounds)
+                               **search_settings(args, max(args.beam_sizes)))
     runtime = fresh_runtime(pipeline, args.max_concurrency)
     profiler = cProfile.Profile()
     with progress_bar(len(requests), f"profile {args.profile_variant}") as bar:

@@ -62,6 +62,9 @@ def add_common_arguments(parser, variants: bool = True, problems: bool = True) -
     parser.add_argument("--max-concurrency", type=int, default=None,
                         help=f"requests in flight at most (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--seed", type=int, default=0, help="first sampling seed")
+    parser.add_argument("--filter-duplicates", action="store_true",
+                        help="identical paths compete as one in selection (search-and-learn's option; off in the "
+                             "paper's ladder)")
     if problems:
         parser.add_argument("--problems", type=int, default=None, help="toy test problems per run")
     if variants:
@@ -176,6 +179,12 @@ def toy_workload(count: int) -> list[ToyProblem]:
 def paired_seed(seed: int, problem_index: int) -> int:
     """The sampling seed of one problem under sampling seed `seed`: the same in every variant."""
     return seed * SEED_STRIDE + problem_index
+
+
+def search_settings(args, beam_size: int) -> dict:
+    """The search settings every sub-command takes from its arguments, as preset overrides."""
+    return {"beam_size": beam_size, "beam_width": args.beam_width, "max_rounds": args.max_rounds,
+            "filter_duplicates": args.filter_duplicates}
 
 
 def search_requests(pipeline: Pipeline, problems: list[ToyProblem], variant: str, seed: int,

@@ -25,7 +25,8 @@ import numpy as np
 
 from specscale.bench.common import (
     add_common_arguments, finish_info, float_list, fresh_runtime, interleaved, markdown_table, median_summary,
-    new_figure, percentile, progress_bar, run_batch, search_requests, start_run, toy_workload, write_outputs,
+    new_figure, percentile, progress_bar, run_batch, search_requests,
+    search_settings, start_run, toy_workload, write_outputs,
 )
 
 NAME = "latency"
@@ -75,7 +76,7 @@ def sweep_rates(pipeline, args, problems) -> tuple[list[float], float | None]:
     if args.rates:
         return sorted(args.rates), None
     requests = search_requests(pipeline, problems, args.variants[0], args.seed, tag="capacity ",
-                               beam_size=max(args.beam_sizes), beam_width=args.beam_width, max_rounds=args.max_rounds)
+                               **search_settings(args, max(args.beam_sizes)))
     batch = run_batch(fresh_runtime(pipeline, args.max_concurrency), requests)
     capacity = len(problems) / batch.elapsed_s
     return [capacity * f for f in sorted(args.rate_fractions)], capacity
@@ -94,8 +95,7 @@ def measure(pipeline, args, problems, cells, rates) -> list[dict]:
         for repeat, (variant, n, rate) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n} {rate:.2f} req/s")
             arrivals = arrival_times(len(problems), rate, args.burstiness, [args.seed, repeat, rates.index(rate)])
-            requests = search_requests(pipeline, problems, variant, args.seed, beam_size=n,
-                                       beam_width=args.beam_width, max_rounds=args.max_rounds)
+            requests = search_requests(pipeline, problems, variant, args.seed, **search_settings(args, n))
             latencies = serve_open_loop(pipeline, args.max_concurrency, requests, arrivals, bar)
             runs.append({"variant": variant, "beam_size": n, "rate": rate, "repeat": repeat,
                          **latency_numbers(latencies), "requests": latencies})

@@ -14,7 +14,7 @@ import time
 
 from specscale.bench.common import (
     add_common_arguments, finish_info, fresh_runtime, int_list, interleaved, markdown_table, median_summary,
-    new_figure, progress_bar, run_batch, search_requests, serving_numbers, start_run, toy_workload,
+    new_figure, progress_bar, run_batch, search_requests, search_settings, serving_numbers, start_run, toy_workload,
     write_outputs,
 )
 
@@ -63,8 +63,7 @@ def measure(pipeline, args, cells) -> list[dict]:
         for repeat, (variant, n, concurrency) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n} concurrency {concurrency}")
             mine = problems[: args.waves * concurrency]
-            requests = search_requests(pipeline, mine, variant, args.seed, beam_size=n, beam_width=args.beam_width,
-                                       max_rounds=args.max_rounds)
+            requests = search_requests(pipeline, mine, variant, args.seed, **search_settings(args, n))
             batch = run_batch(fresh_runtime(pipeline, concurrency), requests, bar)
             runs.append({"variant": variant, "beam_size": n, "concurrency": concurrency, "repeat": repeat,
                          **serving_numbers(batch, mine)})

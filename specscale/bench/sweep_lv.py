@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from specscale.bench.common import (
     add_common_arguments, finish_info, fresh_runtime, int_list, interleaved, markdown_table, median_summary,
-    new_figure, progress_bar, run_batch, search_requests, serving_numbers, start_run, toy_workload,
+    new_figure, progress_bar, run_batch, search_requests, search_settings, serving_numbers, start_run, toy_workload,
     write_outputs,
 )
 from specscale.config import SearchConfig
@@ -74,8 +74,8 @@ def measure(pipeline, args, problems, cells, points) -> list[dict]:
         for repeat, (label, n) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {label} N={n}")
             point = points[label]
-            requests = search_requests(pipeline, problems, point["preset"], args.seed, beam_size=n,
-                                       beam_width=args.beam_width, max_rounds=args.max_rounds, **point["overrides"])
+            requests = search_requests(pipeline, problems, point["preset"], args.seed,
+                                       **search_settings(args, n), **point["overrides"])
             batch = run_batch(fresh_runtime(pipeline, args.max_concurrency), requests, bar)
             runs.append({"variant": label, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems),
                          "flush_reasons": batch.runtime.flush_reasons})

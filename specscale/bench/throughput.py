@@ -15,7 +15,7 @@ import time
 
 from specscale.bench.common import (
     LADDER, add_common_arguments, finish_info, fresh_runtime, interleaved, markdown_table, median_summary,
-    new_figure, progress_bar, run_batch, search_requests, serving_numbers, start_run, toy_workload,
+    new_figure, progress_bar, run_batch, search_requests, search_settings, serving_numbers, start_run, toy_workload,
     write_outputs,
 )
 
@@ -66,8 +66,7 @@ def measure(pipeline, args, problems, cells) -> list[dict]:
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (variant, n) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n}")
-            requests = search_requests(pipeline, problems, variant, args.seed, beam_size=n,
-                                       beam_width=args.beam_width, max_rounds=args.max_rounds)
+            requests = search_requests(pipeline, problems, variant, args.seed, **search_settings(args, n))
             batch = run_batch(fresh_runtime(pipeline, args.max_concurrency), requests, bar)
             runs.append({"variant": variant, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems)})
     return runs

@@ -46,6 +46,8 @@ def add_eval(sub) -> None:
     p.add_argument("--max-rounds", type=int, default=40)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--max-step-tokens", type=int, default=SearchConfig.max_step_tokens)
+    p.add_argument("--filter-duplicates", action="store_true",
+                   help="identical paths compete as one in selection (search-and-learn's recipes' option)")
     p.add_argument("--seeds", type=int, default=1, help="sampling seeds per problem")
     p.add_argument("--seed", type=int, default=0, help="first sampling seed")
     p.add_argument("--system-prompt", default=None, help="generator system prompt (default: search-and-learn's)")
@@ -100,13 +102,15 @@ def settings(args) -> dict:
     return {"dataset": args.dataset, "generator": str(Path(args.generator).resolve()),
             "prm": str(Path(args.prm).resolve()), "dtype": args.dtype, "beam_size": args.beam_size,
             "beam_width": args.beam_width, "max_rounds": args.max_rounds, "temperature": args.temperature,
-            "max_step_tokens": args.max_step_tokens, "system_prompt": args.system_prompt or MATH_SYSTEM_PROMPT}
+            "max_step_tokens": args.max_step_tokens,
+            "filter_duplicates": args.filter_duplicates, "system_prompt": args.system_prompt or MATH_SYSTEM_PROMPT}
 
 
 def search_config(args, preset: str, seed: int) -> SearchConfig:
     try:
         return preset_config(preset, beam_size=args.beam_size, beam_width=args.beam_width, max_rounds=args.max_rounds,
-                             temperature=args.temperature, max_step_tokens=args.max_step_tokens, seed=seed)
+                             temperature=args.temperature, max_step_tokens=args.max_step_tokens, seed=seed,
+                             filter_duplicates=args.filter_duplicates)
     except ValueError as error:
         raise SystemExit(f"bad search settings: {error}") from None
 
