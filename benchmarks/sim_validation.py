@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -83,6 +84,9 @@ def fit_toy_workload(trace: Path) -> WorkloadParams:
     question."""
     header, requests = read_trace(trace)
     fitted = fit_workload(requests, TOY)
+    fitted = replace(fitted, step_tokens_sigma=sibling_step_sigma(requests))
+    fitted.sources["step_tokens_sigma"] = ("fitted: spread of log step lengths among siblings (same request, same "
+                                           "step index), what sets how long a round waits for its slowest one")
     ratio = common_prefix_ratio([first_steps(r) for r in requests])
     if ratio is not None:
         width = header.search.get("beam_size", 4)
@@ -95,6 +99,23 @@ def fit_toy_workload(trace: Path) -> WorkloadParams:
     fitted.sources["system_prompt_tokens"] = (f"fitted: the trace's prompts hold a median {beyond_question:.0f} "
                                               "tokens beyond the question")
     return fitted
+
+
+def sibling_step_sigma(requests: list[TraceRequest]) -> float:
+    """The pooled within-group standard deviation of log step lengths, a group being one request's k-th
+    steps. The simulated generator draws every step alike, so this, not the spread over all steps (which
+    adds differences between problems and positions), is what reproduces a round's waiting."""
+    squares, count, groups = 0.0, 0, 0
+    for request in requests:
+        by_index: dict[int, list[float]] = {}
+        for step in request.steps:
+            for k, tokens in enumerate(step.step_tokens):
+                by_index.setdefault(k, []).append(math.log(tokens))
+        for logs in (v for v in by_index.values() if len(v) > 1):
+            mean = statistics.fmean(logs)
+            squares += sum((x - mean) ** 2 for x in logs)
+            count, groups = count + len(logs), groups + 1
+    return math.sqrt(squares / (count - groups)) if count > groups else TOY.step_tokens_sigma
 
 
 def first_steps(request: TraceRequest) -> TraceRequest:
