@@ -4,7 +4,8 @@
 Every setting serves the same simulated problems with the same paired seeds, all issued at once with at
 most `--max-concurrency` in flight, on one simulated device (default: Qwen2.5-7B-Instruct +
 Qwen2.5-Math-PRM-7B on an A100-80GB, MATH-500-shaped workload). Settings: `ep+cd` (verify at once),
-`specscale` with the fixed triggers at the profiled knee and at 4,096 tokens, and `specscale-adaptive`.
+`specscale` with the fixed triggers at the profiled knee, `specscale-adaptive`, and the adaptive policy
+without its speculative-work term (an ablation is a configuration).
 
     nice -n 10 python benchmarks/adaptive_lv.py --problems 200 --beam-size 8 --out docs/bench/adaptive-lv-a100
 
@@ -29,8 +30,8 @@ from specscale.sim.simulation import Simulation, SimulationConfig
 SETTINGS = (  # (label, preset, overrides)
     ("ep+cd (verify at once)", "ep+cd", {}),
     ("specscale, fixed, knee", "specscale", {}),
-    ("specscale, fixed, 4,096", "specscale", {"lv_threshold_tokens": 4096}),
     ("specscale-adaptive", "specscale-adaptive", {}),
+    ("specscale-adaptive, no speculative term", "specscale-adaptive", {"lv_speculative_budget_tokens": 1e12}),
 )
 
 

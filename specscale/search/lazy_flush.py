@@ -15,7 +15,9 @@ step (`flush_policy`), and the verify queue asks it, every tick, which trigger h
   and the gain left is the batch's missing fill, 1 - min(queued lazy tokens / threshold, 1). The request
   flushes when wait + spec + kv >= that gain: a full batch at once (as the token trigger), an empty one once
   the pressures add up to a whole budget. Waiting is measured in PRM calls, the cost lazy verification
-  amortises, so the budget scales with the device instead of counting ticks.
+  amortises, so the budget scales with the device instead of counting ticks. And whenever the PRM runs
+  anyway (eager steps, another request's trigger), its queued steps ride along (`rides_along`): that call's
+  fixed cost is paid already, and waiting for a later one would only add another.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class LazyFlushPolicy(ABC):
     signals() builds the tick's `FlushSignals` (only a policy that needs them calls it)."""
 
     threshold_tokens: int
+    rides_along = False  # True: this policy's queued steps join any PRM batch that runs anyway
 
     @abstractmethod
     def trigger(self, items: Sequence, queued_tokens: int, now: float,
@@ -78,6 +81,7 @@ class AdaptiveBudget(LazyFlushPolicy):
     wait_budget_calls: float
     speculative_budget_tokens: float
     kv_budget: float
+    rides_along = True
 
     def trigger(self, items, queued_tokens, now, signals) -> str | None:
         if any(i.completes_group for i in items):

@@ -5,7 +5,8 @@
 - "lazy" steps (lazy verification, docs/design.md) wait until a trigger of *their own request's* flush
   policy holds (`search/lazy_flush.py`: the fixed triggers of threshold, sibling group, deferral and age
   caps, or the adaptive budget). Each step carries its request's policy, resolved once by the runtime, so a
-  request's override flushes that request's steps only;
+  request's override flushes that request's steps only; the adaptive policy's steps also ride along with any
+  PRM batch that runs anyway;
 - "per_request" steps (FastTTS) are ready at once but a PRM batch holds one request's steps only.
 When the generator has nothing to do, whatever is queued is flushed (waiting would gain nothing).
 """
@@ -47,7 +48,7 @@ class VerifyQueue:
         eager = [i for i in self.items if i.mode in ("round", "immediate")]
         eager += self._triggered_lazy(now, signals)
         if eager:
-            return self._take(eager)
+            return self._take(eager + self._riders(eager))
         per_request = [i for i in self.items if i.mode == "per_request"]
         if per_request:
             first = per_request[0].request
@@ -77,6 +78,15 @@ class VerifyQueue:
                 self.flush_reasons[reason] = self.flush_reasons.get(reason, 0) + 1
                 ready += items
         return ready
+
+    def _riders(self, batch: list[QueuedStep]) -> list[QueuedStep]:
+        """Lazy steps whose policy rides along with a PRM batch that runs anyway (each request counted as
+        a "ride-along" flush)."""
+        chosen = set(map(id, batch))
+        riders = [i for i in self.items if i.mode == "lazy" and i.policy.rides_along and id(i) not in chosen]
+        for _ in {id(i.request) for i in riders}:
+            self.flush_reasons["ride-along"] = self.flush_reasons.get("ride-along", 0) + 1
+        return riders
 
     def count_deferral(self) -> None:
         """A tick passed without flushing these: one deferral each."""
