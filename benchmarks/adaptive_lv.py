@@ -32,7 +32,10 @@ SETTINGS = (  # (label, preset, overrides)
     ("specscale, fixed, knee", "specscale", {}),
     ("specscale-adaptive", "specscale-adaptive", {}),
     ("specscale-adaptive, no speculative term", "specscale-adaptive", {"lv_speculative_budget_tokens": 1e12}),
+    ("specscale-adaptive, no ride-along", "specscale-adaptive", {"lv_ride_along": False}),
+    ("specscale, fixed, knee, ride-along", "specscale", {"lv_ride_along": True}),
 )
+DEFAULT_SETTINGS = [label for label, _, _ in SETTINGS[:4]]
 
 
 def run_setting(sim: Simulation, problems, preset: str, overrides: dict, args) -> dict:
@@ -59,8 +62,8 @@ def run_setting(sim: Simulation, problems, preset: str, overrides: dict, args) -
 def report(results: dict, sim: Simulation, args) -> str:
     header = ["setting", "output tok/s", "vs fixed knee", "PRM calls", "tokens/call", "PRM s", "gen s",
               "wasted tokens", "p50 latency s", "accuracy", "flushes"]
-    base = results["specscale, fixed, knee"]["output_tokens_per_s"]
-    rows = [[label, r["output_tokens_per_s"], f"{r['output_tokens_per_s'] / base:.3f}", r["verifier_calls"],
+    base = results.get("specscale, fixed, knee", {}).get("output_tokens_per_s")
+    rows = [[label, r["output_tokens_per_s"], f"{r['output_tokens_per_s'] / base:.3f}" if base else "—", r["verifier_calls"],
              r["tokens_per_call"], r["verification_s"], r["generation_s"], r["wasted_tokens"], r["latency_p50_s"],
              f"{100 * r['accuracy']:.1f}%", ", ".join(f"{k} {v}" for k, v in sorted(r["flush_reasons"].items()))]
             for label, r in results.items()]
@@ -79,6 +82,8 @@ def main(argv=None) -> int:
     parser.add_argument("--beam-size", type=int, default=8)
     parser.add_argument("--max-concurrency", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--settings", type=lambda text: text.split(";"), default=DEFAULT_SETTINGS,
+                        help=f"';'-separated labels of {[label for label, _, _ in SETTINGS]}")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -86,7 +91,7 @@ def main(argv=None) -> int:
                                       dataset=args.dataset, seed=args.seed))
     problems = sim.problems(args.problems)
     results = {}
-    for label, preset, overrides in SETTINGS:
+    for label, preset, overrides in (s for s in SETTINGS if s[0] in args.settings):
         results[label] = run_setting(sim, problems, preset, overrides, args)
         print(f"{label}: {results[label]['output_tokens_per_s']:.0f} output tok/s", file=sys.stderr)
     text = report(results, sim, args)

@@ -105,6 +105,8 @@ def test_the_config_names_the_policy_and_the_preset_is_specscale_with_it():
     assert flush_policy(SearchConfig(), 64) == FixedTriggers(64, 6, 2.0)
     assert flush_policy(SearchConfig(lv_policy="adaptive", lv_wait_budget_calls=3.0), 64) == AdaptiveBudget(
         64, 3.0, 512.0, 0.9)
+    assert flush_policy(SearchConfig(lv_ride_along=True), 64) == FixedTriggers(64, 6, 2.0, rides_along=True)
+    assert not flush_policy(SearchConfig(lv_policy="adaptive", lv_ride_along=False), 64).rides_along
     assert preset_config("specscale-adaptive") == replace(preset_config("specscale"), lv_policy="adaptive")
     with pytest.raises(ValueError, match="lv_policy"):
         SearchConfig(lv_policy="sometimes")

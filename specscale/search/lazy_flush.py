@@ -18,13 +18,15 @@ step (`flush_policy`), and the verify queue asks it, every tick, which trigger h
   amortises, so the budget scales with the device instead of counting ticks. And whenever the PRM runs
   anyway (eager steps, another request's trigger), its queued steps ride along (`rides_along`): that call's
   fixed cost is paid already, and waiting for a later one would only add another.
+
+`SearchConfig.lv_ride_along` switches riding along on or off for either policy (an ablation).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specscale.config import SearchConfig
 
@@ -49,7 +51,7 @@ class LazyFlushPolicy(ABC):
     signals() builds the tick's `FlushSignals` (only a policy that needs them calls it)."""
 
     threshold_tokens: int
-    rides_along = False  # True: this policy's queued steps join any PRM batch that runs anyway
+    rides_along: bool  # this policy's queued steps join any PRM batch that runs anyway
 
     @abstractmethod
     def trigger(self, items: Sequence, queued_tokens: int, now: float,
@@ -62,6 +64,7 @@ class FixedTriggers(LazyFlushPolicy):
     threshold_tokens: int
     max_deferrals: int
     max_age_s: float
+    rides_along: bool = False
 
     def trigger(self, items, queued_tokens, now, signals) -> str | None:
         if queued_tokens >= self.threshold_tokens:
@@ -81,7 +84,7 @@ class AdaptiveBudget(LazyFlushPolicy):
     wait_budget_calls: float
     speculative_budget_tokens: float
     kv_budget: float
-    rides_along = True
+    rides_along: bool = True
 
     def trigger(self, items, queued_tokens, now, signals) -> str | None:
         if any(i.completes_group for i in items):
@@ -103,6 +106,8 @@ class AdaptiveBudget(LazyFlushPolicy):
 def flush_policy(config: SearchConfig, threshold_tokens: int) -> LazyFlushPolicy:
     """The policy a request's config names, at the threshold the runtime resolved for it."""
     if config.lv_policy == "adaptive":
-        return AdaptiveBudget(threshold_tokens, config.lv_wait_budget_calls, config.lv_speculative_budget_tokens,
-                              config.lv_kv_budget)
-    return FixedTriggers(threshold_tokens, config.lv_max_deferrals, config.lv_max_age_s)
+        policy = AdaptiveBudget(threshold_tokens, config.lv_wait_budget_calls, config.lv_speculative_budget_tokens,
+                                config.lv_kv_budget)
+    else:
+        policy = FixedTriggers(threshold_tokens, config.lv_max_deferrals, config.lv_max_age_s)
+    return policy if config.lv_ride_along is None else replace(policy, rides_along=config.lv_ride_along)
