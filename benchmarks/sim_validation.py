@@ -248,6 +248,25 @@ def open_loop(sim: Simulation, max_concurrency: int, requests, arrivals: list[fl
             for i, arrival in zip(ids, arrivals)]
 
 
+RATES = ("output_tokens_per_s", "requests_per_s", "generated_tokens_per_s")
+SECONDS = ("elapsed_s", "generation_s", "verification_s")
+
+
+def calibrated(simulated: dict, real: dict, variant: str, beam_size: str) -> dict:
+    """The simulated cells on a device `factor` times as fast, factor = real / simulated output tok/s of one
+    cell: the other cells then test the simulator's *relative* predictions, when the profile was fitted on
+    another machine than the real run's."""
+    key = "output_tokens_per_s"
+    factor = real["results"][variant][beam_size][key] / simulated[variant][beam_size][key]
+    out = {}
+    for name, by_size in simulated.items():
+        for n, cell in by_size.items():
+            scaled = {k: v * factor for k, v in cell.items() if k in RATES}
+            scaled.update({k: v / factor for k, v in cell.items() if k in SECONDS})
+            out.setdefault(name, {})[n] = {**cell, **scaled, "speed_factor": factor}
+    return out
+
+
 # ---- the table ----------------------------------------------------------------------------------------------
 THROUGHPUT_CELLS = (("output tok/s", "output_tokens_per_s"), ("req/s", "requests_per_s"))
 DIAGNOSTICS = (("generated tok/s", "generated_tokens_per_s"), ("output tokens", "output_tokens"),
@@ -327,7 +346,11 @@ def compare(args) -> int:
     throughput = diagnostics = latency = orders = []
     if args.throughput:
         real = json.loads(Path(args.throughput).read_text())
-        simulated = simulate_throughput(args.hardware, workload, real, args.seed)
+        simulated = (json.loads(Path(args.reuse).read_text())["simulated_throughput"] if args.reuse
+                     else simulate_throughput(args.hardware, workload, real, args.seed))
+        if args.calibrate_on:
+            simulated = calibrated(simulated, real, *args.calibrate_on.split())
+            summary["calibrated_on"] = args.calibrate_on
         throughput, orders = throughput_rows(real, simulated), ordering(real, simulated)
         diagnostics = throughput_rows(real, simulated, DIAGNOSTICS)
         summary.update(real_throughput=args.throughput, simulated_throughput=simulated)
@@ -366,6 +389,8 @@ def build_argument_parser() -> argparse.ArgumentParser:
     comparing.add_argument("--hardware", default="cpu", help="hardware profile: bundled name or JSON path")
     comparing.add_argument("--workload", default=None, help="WorkloadParams JSON (default: the TOY preset)")
     comparing.add_argument("--seed", type=int, default=0, help="the simulation's seed (problems, draws)")
+    comparing.add_argument("--reuse", default=None, help="an earlier compare's summary.json: its simulated cells")
+    comparing.add_argument("--calibrate-on", default=None, help="'VARIANT N': scale simulated speed to this cell")
     comparing.add_argument("--out", required=True)
     return parser
 
