@@ -241,8 +241,9 @@ def open_loop(sim: Simulation, max_concurrency: int, requests, arrivals: list[fl
             ids.append(runtime.submit(pending.popleft()[1]))
         if runtime.has_work():
             runtime.step()
-        elif pending:
+        elif pending:  # idle: jump to the next arrival and submit it (now + gap may round below it)
             clock.advance(pending[0][0] - now)
+            ids.append(runtime.submit(pending.popleft()[1]))
     return [{"arrival_s": arrival, "latency_s": finished_at[i] - (start + arrival),
              "output_tokens": runtime.result(i).usage.output_tokens, "queued_s": runtime.result(i).timings.queued_s}
             for i, arrival in zip(ids, arrivals)]
