@@ -51,7 +51,8 @@ def run_setting(sim: Simulation, problems, preset: str, overrides: dict, args) -
         "elapsed_s": batch.elapsed_s, "output_tokens_per_s": sum(u.output_tokens for u in usage) / batch.elapsed_s,
         "requests_per_s": len(usage) / batch.elapsed_s,
         "accuracy": sum(r.answer == p.answer for r, p in zip(batch.results, problems)) / len(problems),
-        "generated_tokens": sum(u.generated_tokens for u in usage), "wasted_tokens": sum(u.wasted_tokens for u in usage),
+        "generated_tokens": sum(u.generated_tokens for u in usage),
+        "wasted_tokens": sum(u.wasted_tokens for u in usage),
         "verification_s": metrics["verification_s"], "generation_s": metrics["generation_s"],
         "verifier_calls": metrics["verifier_calls"], "tokens_per_call": metrics["verifier_batch_tokens_median"],
         "peak_kv_blocks": metrics["peak_kv_blocks"], "latency_p50_s": latencies[len(latencies) // 2],
@@ -63,7 +64,8 @@ def report(results: dict, sim: Simulation, args) -> str:
     header = ["setting", "output tok/s", "vs fixed knee", "PRM calls", "tokens/call", "PRM s", "gen s",
               "wasted tokens", "p50 latency s", "accuracy", "flushes"]
     base = results.get("specscale, fixed, knee", {}).get("output_tokens_per_s")
-    rows = [[label, r["output_tokens_per_s"], f"{r['output_tokens_per_s'] / base:.3f}" if base else "—", r["verifier_calls"],
+    rows = [[label, r["output_tokens_per_s"], f"{r['output_tokens_per_s'] / base:.3f}" if base else "—",
+             r["verifier_calls"],
              r["tokens_per_call"], r["verification_s"], r["generation_s"], r["wasted_tokens"], r["latency_p50_s"],
              f"{100 * r['accuracy']:.1f}%", ", ".join(f"{k} {v}" for k, v in sorted(r["flush_reasons"].items()))]
             for label, r in results.items()]

@@ -73,7 +73,8 @@ class SearchConfig:
     round per request). lv_policy: which triggers flush lazy steps, "fixed" (threshold, sibling group,
     deferral and age caps) or "adaptive" (sibling group, or waiting time, speculative work and KV pressure
     against the lv_*_budget fields; search/lazy_flush.py). lv_ride_along: lazy steps join any PRM batch that
-    runs anyway (None: the policy's default, on for adaptive only). lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
+    runs anyway (None: the policy's default, on for adaptive only).
+    lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
     the FastTTS pieces (LookAhead continuations, children by min-subtracted score, the mean and spread of
     the share of a continuation's tokens every other retained copy starts from, the per-request valve).
     filter_duplicates: identical paths compete as one in selection (search-and-learn's option).

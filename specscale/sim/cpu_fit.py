@@ -20,8 +20,8 @@ tokens on a context_tokens cached context). The fit, with the bundled toy models
     prm_iteration_fixed_s = likewise the mean PRM call beyond its tokens: verification seconds / calls -
                          per_token x mean tokens per call (else the fitted intercept)
 
-so the roofline gives back both measured lines, shifted to their measured means. Memory bandwidth is not measurable this way; the profile
-takes the bandwidth a memory-bound decode showed on this kind of machine.
+so the roofline gives back both measured lines, shifted to their measured means. Memory bandwidth is not
+measurable this way; the profile takes the bandwidth a memory-bound decode showed on this kind of machine.
 
     python -m specscale.sim.cpu_fit --characterize docs/bench/characterize/summary.json \\
         --profile-prm ~/.cache/specscale/prm-profiles/toy-prm-cpu-<hash>.json --out cpu.json
