@@ -56,6 +56,7 @@ class EngineConfig:
 AGGREGATIONS = ("last", "min", "prod", "mean")
 SELECTIONS = ("beam", "dvts", "best_of_n")
 VERIFICATIONS = ("round", "immediate", "lazy", "per_request")
+LV_POLICIES = ("fixed", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,11 @@ class SearchConfig:
     perfect_shortcut: early pruning. dedup: computation deduplication (CD). verification: "round" (a
     request's whole round at once, batched across requests), "immediate" (each step as it finishes),
     "lazy" (queued, flushed on the lazy-verification triggers), "per_request" (FastTTS: one PRM call per
-    round per request). lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
+    round per request). lv_policy: which triggers flush lazy steps, "fixed" (threshold, sibling group,
+    deferral and age caps) or "adaptive" (sibling group, or waiting time, speculative work and KV pressure
+    against the lv_*_budget fields; search/lazy_flush.py). lv_ride_along: lazy steps join any PRM batch that
+    runs anyway (None: the policy's default, on for adaptive only).
+    lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
     the FastTTS pieces (LookAhead continuations, children by min-subtracted score, the mean and spread of
     the share of a continuation's tokens every other retained copy starts from, the per-request valve).
     filter_duplicates: identical paths compete as one in selection (search-and-learn's option).
@@ -94,6 +99,11 @@ class SearchConfig:
     lv_threshold_tokens: int | None = None
     lv_max_deferrals: int = 6
     lv_max_age_s: float = 2.0
+    lv_policy: str = "fixed"
+    lv_ride_along: bool | None = None
+    lv_wait_budget_calls: float = 2.0
+    lv_speculative_budget_tokens: float = 512.0
+    lv_kv_budget: float = 0.9
     lookahead: bool = False
     dynamic_branching: bool = False
     lookahead_head_start: float = 0.85
@@ -115,6 +125,10 @@ class SearchConfig:
         _check(self.max_step_tokens >= 1, "max_step_tokens must be >= 1")
         _check(self.speculation_depth >= 1, "speculation_depth must be >= 1")
         _check(self.lv_max_deferrals >= 0, "lv_max_deferrals must be >= 0")
+        _check(self.lv_policy in LV_POLICIES, f"lv_policy must be one of {LV_POLICIES}")
+        _check(self.lv_wait_budget_calls > 0, "lv_wait_budget_calls must be > 0")
+        _check(self.lv_speculative_budget_tokens > 0, "lv_speculative_budget_tokens must be > 0")
+        _check(0.5 < self.lv_kv_budget <= 1, "lv_kv_budget must be in (0.5, 1]")
         _check(0 <= self.lookahead_head_start <= 1, "lookahead_head_start must be in [0, 1]")
         _check(0 <= self.lookahead_head_start_std <= 1, "lookahead_head_start_std must be in [0, 1]")
         _check(self.max_live_sequences >= 1, "max_live_sequences must be >= 1")

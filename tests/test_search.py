@@ -225,6 +225,7 @@ def test_every_preset_is_a_composition_of_policy_objects():
         "ep": (BeamSelection, "immediate", 1, False, (True, True), False),
         "ep+cd": (BeamSelection, "immediate", 1, False, (True, True), True),
         "specscale": (BeamSelection, "lazy", 1, False, (True, True), True),
+        "specscale-adaptive": (BeamSelection, "lazy", 1, False, (True, True), True),  # + the adaptive flush policy
     }
     assert set(expected) == set(PRESETS)
     for name, (selection, verification, depth, lookahead, pruning, cd) in expected.items():

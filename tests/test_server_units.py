@@ -11,6 +11,7 @@ import threading
 from functools import partial
 from types import SimpleNamespace
 
+from pydantic import ValidationError
 import pytest
 from checkpoints import build_stepping_generator, build_tokenizer
 from search_backends import scripted_runtime
@@ -197,6 +198,15 @@ def test_builder_maps_fields_onto_the_search(builder):
     assert (config.beam_size, config.beam_width, config.max_rounds, config.aggregation) == (8, 2, 5, "min")
     assert config.dedup and config.prune_strict  # the preset's switches
     assert prepared.preset == "ep+cd" and prepared.n == 2 and prepared.timeout_s == 30  # capped by the server
+
+
+def test_a_request_picks_its_lazy_verification_policy(builder):
+    adaptive = builder.chat(chat(search={"preset": "specscale", "lv_policy": "adaptive"}), "id")
+    assert adaptive.request.config.lv_policy == "adaptive"
+    assert builder.chat(chat(search={"preset": "specscale-adaptive"}), "id").request.config.lv_policy == "adaptive"
+    assert builder.chat(chat(search={"preset": "specscale"}), "id").request.config.lv_policy == "fixed"
+    with pytest.raises(ValidationError):
+        chat(search={"lv_policy": "sometimes"})
 
 
 def test_builder_puts_the_system_prompt_first_and_asks_the_last_user_message(builder):

@@ -131,3 +131,21 @@ def test_cpu_profile_fit_reproduces_the_measured_lines(tmp_path):
     prefill = IterationWork(prefill_chunks=((128, 512),) * 8, head_rows=8)
     assert cost.iteration_seconds(prm, prefill, "prm") == pytest.approx(0.00225 + 1024 * 29e-6, rel=0.02)
     assert all(profile.sources.get(name) for name in ("peak_flops", "iteration_fixed_s", "row_overhead_s"))
+
+
+def test_cpu_profile_fit_gives_back_the_measured_means_host_time_included(tmp_path):
+    """With the cells' means, the fixed costs are what a mean iteration (PRM call) cost beyond its rows
+    (tokens), the runtime's host time ("other") charged to the generator: the simulated run then spends the
+    measured seconds, where the fitted lines' intercepts (per-size medians) leave out slow iterations."""
+    cell = {"iteration_fixed_ms": 1.5, "iteration_per_row_ms": 0.03, "prm_call_fixed_ms": 2.5,
+            "prm_call_per_token_ms": 0.025, "iterations": 400, "rows_per_iteration_mean": 100.0,
+            "generation_s": 2.0, "other_s": 0.4, "verifier_calls": 100, "verification_s": 1.0,
+            "prm_tokens_per_s": 25_000.0}  # 6 ms per iteration, 10 ms per call of 250 tokens
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"results": {"beam": {"8": cell}}}))
+    profile = fit_cpu_profile(summary, None, None, decode_context_tokens=150)
+    cost = RooflineCostModel(profile)
+    generator = ModelProfile.load("specscale/assets/toy-generator")
+    work = IterationWork(decode_contexts=(150,) * 100, head_rows=100)
+    assert cost.iteration_seconds(generator, work, "generator") == pytest.approx(0.006, rel=0.02)
+    assert profile.prm_iteration_fixed_s == pytest.approx(0.010 - 250 * 0.025e-3)

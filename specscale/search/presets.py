@@ -21,6 +21,8 @@ PRESETS: dict[str, dict] = {
     "ep": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True),
     "ep+cd": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True),
     "specscale": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True, verification="lazy"),
+    "specscale-adaptive": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True,
+                               verification="lazy", lv_policy="adaptive"),
 }
 
 

@@ -34,6 +34,7 @@ from specscale.search.backend import (
     AbortSequence, BranchSequence, GeneratorBackend, KVUsage, PauseSequence, PrioritizeSequence, SequenceId,
     SequenceOp, SequenceState, SequenceUpdate, StartSequence, VerifierBackend,
 )
+from specscale.search.lazy_flush import FlushSignals, flush_policy
 from specscale.search.metrics import RunMetrics
 from specscale.search.protocol import (
     Cancel, Cancelled, Done, Expand, GenerationLost, Pause, Release, Resume, ScoresArrived, SetPriority,
@@ -180,7 +181,7 @@ class SearchRuntime:
         self._admit()
         self._flush()  # the previous tick's operations and this tick's admissions: one batch
         self.metrics.sample_blocks(self.generator.kv_usage.used_blocks)  # new sequences hold no blocks yet
-        batch = self.queue.ready_batch(self.clock())
+        batch = self.queue.ready_batch(self.clock(), self._flush_signals)
         if batch:
             self._run_verification(batch)
         elif self.generator.has_work():
@@ -351,11 +352,22 @@ class SearchRuntime:
     def _enqueue(self, state: RequestState, action: Verify) -> None:
         request = ScoreRequest(state.request.question, action.steps)
         config = state.config
+        policy = flush_policy(config, self._lv_threshold(config)) if config.verification == "lazy" else None
         self.queue.push(QueuedStep(
             state, action.candidate, request, action.completes_group, config.verification,
-            self.verifier.tokens_to_compute(request), self.clock(), self._lv_threshold(config),
-            config.lv_max_deferrals, config.lv_max_age_s,
+            self.verifier.tokens_to_compute(request), self.clock(), policy,
         ))
+
+    def _flush_signals(self) -> FlushSignals:
+        """What an adaptive lazy-verification policy weighs (search/lazy_flush.py), read now."""
+        kv = self.generator.kv_usage
+        calls = len(self.metrics.verifier_batch_items)
+        speculative: dict[int, int] = {}
+        for phys in self.physical.values():
+            if phys.speculative:
+                speculative[id(phys.request)] = speculative.get(id(phys.request), 0) + len(phys.tokens)
+        return FlushSignals(kv.used_blocks / kv.total_blocks if kv.total_blocks else 0.0,
+                            self.metrics.verification_s / calls if calls else None, speculative)
 
     def _lv_threshold(self, config: SearchConfig) -> int:
         """The one place a request's lazy-verification threshold is resolved: its own override, else the

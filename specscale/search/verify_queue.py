@@ -2,18 +2,21 @@
 
 - "round" and "immediate" steps are ready at once (a request's whole round, or each step as it
   finishes), batched across requests;
-- "lazy" steps (lazy verification, docs/design.md) wait until one trigger of *their own request* holds:
-  the queued lazy PRM input tokens (all requests') reach the request's threshold; one of its queued steps
-  completed its sibling group, was deferred more than max_deferrals ticks, or is older than max_age_s
-  (wall-clock safeguard). Each step carries its request's threshold, resolved once by the runtime, so a
-  request's override flushes that request's steps only;
+- "lazy" steps (lazy verification, docs/design.md) wait until a trigger of *their own request's* flush
+  policy holds (`search/lazy_flush.py`: the fixed triggers of threshold, sibling group, deferral and age
+  caps, or the adaptive budget). Each step carries its request's policy, resolved once by the runtime, so a
+  request's override flushes that request's steps only; the adaptive policy's steps also ride along with any
+  PRM batch that runs anyway;
 - "per_request" steps (FastTTS) are ready at once but a PRM batch holds one request's steps only.
 When the generator has nothing to do, whatever is queued is flushed (waiting would gain nothing).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from specscale.search.lazy_flush import FlushSignals, LazyFlushPolicy
 
 
 @dataclass(eq=False)
@@ -25,9 +28,7 @@ class QueuedStep:
     mode: str
     tokens: int  # PRM input tokens scoring it would compute now
     enqueued_at: float
-    threshold_tokens: int
-    max_deferrals: int
-    max_age_s: float
+    policy: LazyFlushPolicy | None  # lazy steps' flush policy; None for the other modes
     deferrals: int = 0
 
 
@@ -42,11 +43,12 @@ class VerifyQueue:
     def push(self, item: QueuedStep) -> None:
         self.items.append(item)
 
-    def ready_batch(self, now: float) -> list[QueuedStep]:
+    def ready_batch(self, now: float, signals: Callable[[], FlushSignals] = FlushSignals) -> list[QueuedStep]:
+        """signals() builds the tick's `FlushSignals`, called at most once and only if a policy needs them."""
         eager = [i for i in self.items if i.mode in ("round", "immediate")]
-        eager += self._triggered_lazy(now)
+        eager += self._triggered_lazy(now, signals)
         if eager:
-            return self._take(eager)
+            return self._take(eager + self._riders(eager))
         per_request = [i for i in self.items if i.mode == "per_request"]
         if per_request:
             first = per_request[0].request
@@ -61,32 +63,30 @@ class VerifyQueue:
             return self._take([i for i in self.items if i.request is head.request and i.mode == "per_request"])
         return self._take([i for i in self.items if i.mode != "per_request"])
 
-    def _triggered_lazy(self, now: float) -> list[QueuedStep]:
+    def _triggered_lazy(self, now: float, signals: Callable[[], FlushSignals]) -> list[QueuedStep]:
         """The lazy steps of every request whose trigger holds now (each counted in flush_reasons)."""
         lazy = [i for i in self.items if i.mode == "lazy"]
         queued_tokens = sum(i.tokens for i in lazy)
         by_request: dict[int, list[QueuedStep]] = {}
         for item in lazy:
             by_request.setdefault(id(item.request), []).append(item)
+        read_once = _Once(signals)
         ready = []
         for items in by_request.values():
-            reason = self.lazy_trigger(items, queued_tokens, now)
+            reason = items[0].policy.trigger(items, queued_tokens, now, read_once)
             if reason is not None:
                 self.flush_reasons[reason] = self.flush_reasons.get(reason, 0) + 1
                 ready += items
         return ready
 
-    def lazy_trigger(self, lazy: list[QueuedStep], queued_tokens: int, now: float) -> str | None:
-        """Which lazy-verification trigger holds now for one request's queued steps, if any."""
-        if queued_tokens >= lazy[0].threshold_tokens:
-            return "tokens"
-        if any(i.completes_group for i in lazy):
-            return "sibling-group"
-        if any(i.deferrals > i.max_deferrals for i in lazy):
-            return "deferrals"
-        if any(now - i.enqueued_at > i.max_age_s for i in lazy):
-            return "age"
-        return None
+    def _riders(self, batch: list[QueuedStep]) -> list[QueuedStep]:
+        """Lazy steps whose policy rides along with a PRM batch that runs anyway (each request counted as
+        a "ride-along" flush)."""
+        chosen = set(map(id, batch))
+        riders = [i for i in self.items if i.mode == "lazy" and i.policy.rides_along and id(i) not in chosen]
+        for _ in {id(i.request) for i in riders}:
+            self.flush_reasons["ride-along"] = self.flush_reasons.get("ride-along", 0) + 1
+        return riders
 
     def count_deferral(self) -> None:
         """A tick passed without flushing these: one deferral each."""
@@ -104,3 +104,16 @@ class VerifyQueue:
         chosen = set(map(id, batch))
         self.items = [i for i in self.items if id(i) not in chosen]
         return batch
+
+
+class _Once:
+    """A zero-argument callable's value, computed on the first call only."""
+
+    def __init__(self, compute: Callable[[], FlushSignals]):
+        self._compute = compute
+        self._value: FlushSignals | None = None
+
+    def __call__(self) -> FlushSignals:
+        if self._value is None:
+            self._value = self._compute()
+        return self._value

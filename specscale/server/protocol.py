@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specscale.config import AGGREGATIONS
+from specscale.config import AGGREGATIONS, LV_POLICIES
 
 MAX_SEED = 2**63 - 1
 ANSWER_SELECTIONS = ("best", "weighted_vote", "majority_vote")
@@ -35,6 +35,7 @@ class SearchOptions(BaseModel):
     answer_selection: Literal[ANSWER_SELECTIONS] = "best"  # type: ignore[valid-type]
     speculation_depth: int | None = Field(None, ge=1, le=8)
     lv_threshold_tokens: int | None = Field(None, ge=1)
+    lv_policy: Literal[LV_POLICIES] | None = None  # type: ignore[valid-type]
     filter_duplicates: bool | None = None
     timeout_s: float | None = Field(None, gt=0)
 

@@ -10,12 +10,18 @@ tokens on a context_tokens cached context). The fit, with the bundled toy models
                          characterize median)
     row_overhead_s     = generator seconds per row - the roofline's time per decode row (its FLOPs at
                          that rate, or its KV bytes at the memory bandwidth, whichever is larger)
-    iteration_fixed_s  = the median generator fixed cost (less the weights' read time if decode is
-                         memory-bound); prm_iteration_fixed_s = the median PRM call fixed cost (what a
-                         verifier call costs besides its tokens)
+    iteration_fixed_s  = the median over cells of what a generator iteration costs beyond its rows *on
+                         average*: (generation + other seconds) / iterations - per_row x mean rows, less
+                         the weights' read time if decode is memory-bound. The mean, not the fitted line's
+                         intercept (a line through per-size medians, which leaves out the slow prefill
+                         iterations), and the runtime's host time ("other": search, queue, operations
+                         between ticks), which a simulated run does not otherwise charge; cells without
+                         those means fall back to the intercept
+    prm_iteration_fixed_s = likewise the mean PRM call beyond its tokens: verification seconds / calls -
+                         per_token x mean tokens per call (else the fitted intercept)
 
-so the roofline gives back both measured lines. Memory bandwidth is not measurable this way; the profile
-takes the bandwidth a memory-bound decode showed on this kind of machine.
+so the roofline gives back both measured lines, shifted to their measured means. Memory bandwidth is not
+measurable this way; the profile takes the bandwidth a memory-bound decode showed on this kind of machine.
 
     python -m specscale.sim.cpu_fit --characterize docs/bench/characterize/summary.json \\
         --profile-prm ~/.cache/specscale/prm-profiles/toy-prm-cpu-<hash>.json --out cpu.json
@@ -47,19 +53,21 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
     cells = [cell for by_size in json.loads(Path(characterize_summary).read_text())["results"].values()
              for cell in by_size.values()]
     median = lambda key: statistics.median(cell[key] for cell in cells) / 1000  # noqa: E731 (ms -> s)
+    iteration_fixed_ms = statistics.median(map(mean_iteration_fixed_ms, cells))
+    prm_fixed_ms = statistics.median(map(mean_prm_fixed_ms, cells))
     generator_model, prm_model = ModelProfile.load(str(generator)), ModelProfile.load(str(prm))
     per_token, context, step, token_source = _prm_seconds_per_token(prm_profile, median("prm_call_per_token_ms"))
     prm_flops = (prm_model.body_flops_per_token + prm_model.attention_flops_per_key * (context + (step + 1) / 2)
                  + prm_model.head_flops_per_row / step)
     flop_rate = prm_flops / per_token
-    iteration_fixed, row_overhead = _generator_split(generator_model, flop_rate, median("iteration_fixed_ms"),
+    iteration_fixed, row_overhead = _generator_split(generator_model, flop_rate, iteration_fixed_ms / 1000,
                                                      median("iteration_per_row_ms"), decode_context_tokens)
     inputs = f"{characterize_summary}" + (f" and {prm_profile}" if prm_profile else "")
     profile = HardwareProfile(
         name="cpu", description=f"this project's CPU machine, fitted from {inputs}",
         peak_flops=flop_rate, memory_bandwidth=CPU_BANDWIDTH, memory_bytes=CPU_MEMORY, compute_efficiency=1.0,
         bandwidth_efficiency=1.0, iteration_fixed_s=iteration_fixed,
-        prm_iteration_fixed_s=median("prm_call_fixed_ms"), row_overhead_s=row_overhead, memory_utilization=0.9,
+        prm_iteration_fixed_s=prm_fixed_ms / 1000, row_overhead_s=row_overhead, memory_utilization=0.9,
         reserved_bytes=2**30,
         sources={
             "peak_flops": f"fitted: toy PRM FLOPs per token ({prm_flops:.3g}) / seconds per token ({per_token:.3g}, "
@@ -68,9 +76,11 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
                                 "(0.99 GB bf16) at 16 tokens/s at batch 1",
             "memory_bytes": "the machine's 24 GiB", "compute_efficiency": "fitted rate is the achievable one",
             "bandwidth_efficiency": "the measured bandwidth is the achievable one",
-            "iteration_fixed_s": f"fitted: median generator iteration fixed cost over {len(cells)} characterize cells "
-                                 "(less the weights' read time when decode is memory-bound)",
-            "prm_iteration_fixed_s": f"fitted: median PRM call fixed cost over {len(cells)} characterize cells",
+            "iteration_fixed_s": f"fitted: median over {len(cells)} characterize cells of the mean generator "
+                                 "iteration's cost beyond its rows, the runtime's host time included (less the "
+                                 "weights' read time when decode is memory-bound)",
+            "prm_iteration_fixed_s": f"fitted: median over {len(cells)} characterize cells of the mean PRM call's "
+                                     "cost beyond its tokens",
             "row_overhead_s": "fitted: median generator seconds per row minus the roofline's per-row time (the "
                               f"toy generator's decode FLOPs or KV bytes per row at a {decode_context_tokens}-token "
                               "context, whichever binds)",
@@ -81,6 +91,22 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
     if out is not None:
         profile.save(Path(out))
     return profile
+
+
+def mean_iteration_fixed_ms(cell: dict) -> float:
+    """(generation + other ms) / iterations - per_row x mean rows; the fitted intercept without the means."""
+    if not cell.get("iterations") or "rows_per_iteration_mean" not in cell:
+        return cell["iteration_fixed_ms"]
+    per_iteration = 1000 * (cell["generation_s"] + cell["other_s"]) / cell["iterations"]
+    return per_iteration - cell["iteration_per_row_ms"] * cell["rows_per_iteration_mean"]
+
+
+def mean_prm_fixed_ms(cell: dict) -> float:
+    """verification ms / calls - per_token x mean tokens per call; the fitted intercept without the means."""
+    if not cell.get("verifier_calls") or not cell.get("prm_tokens_per_s"):
+        return cell["prm_call_fixed_ms"]
+    per_call = cell["verification_s"] / cell["verifier_calls"]
+    return 1000 * per_call - cell["prm_call_per_token_ms"] * cell["prm_tokens_per_s"] * per_call
 
 
 def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_row: float,

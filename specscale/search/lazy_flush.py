@@ -1,0 +1,113 @@
+"""Lazy-verification flush policies: when one request's queued lazy steps go to the PRM (docs/design.md,
+"Verification"). `SearchConfig.lv_policy` names one per request; the runtime resolves it once per queued
+step (`flush_policy`), and the verify queue asks it, every tick, which trigger holds for a request.
+
+- `FixedTriggers` ("fixed", the paper's lazy verification): the lazy PRM tokens queued by all requests reach
+  the request's threshold; one of its steps completed its sibling group; one was deferred more than
+  `max_deferrals` ticks; one is older than `max_age_s`.
+- `AdaptiveBudget` ("adaptive", beyond the paper): keeps the sibling-group trigger, and otherwise weighs what
+  waiting longer costs against what it can still gain. Each cost is a share of its budget:
+
+      wait  = age of the request's oldest queued step / (wait_budget_calls x the mean PRM call so far)
+      spec  = tokens the request's live speculative sequences hold / speculative_budget_tokens
+      kv    = max(0, generator KV in use - KV_FLOOR) / (kv_budget - KV_FLOOR)        (shares of the pool)
+
+  and the gain left is the batch's missing fill, 1 - min(queued lazy tokens / threshold, 1). The request
+  flushes when wait + spec + kv >= that gain: a full batch at once (as the token trigger), an empty one once
+  the pressures add up to a whole budget. Waiting is measured in PRM calls, the cost lazy verification
+  amortises, so the budget scales with the device instead of counting ticks. And whenever the PRM runs
+  anyway (eager steps, another request's trigger), its queued steps ride along (`rides_along`): that call's
+  fixed cost is paid already, and waiting for a later one would only add another.
+
+`SearchConfig.lv_ride_along` switches riding along on or off for either policy (an ablation).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from specscale.config import SearchConfig
+
+KV_FLOOR = 0.5  # below half the generator's KV pool in use, KV pressure costs nothing
+
+
+@dataclass(frozen=True)
+class FlushSignals:
+    """What the runtime reports at one tick: the generator's KV pool in use (a share), the mean seconds of a
+    PRM call so far (None before the first), tokens held by each request's live speculative sequences."""
+
+    kv_used_share: float = 0.0
+    prm_call_s: float | None = None
+    speculative_tokens: dict[int, int] | None = None  # id(request state) -> tokens
+
+    def speculative_tokens_of(self, request: object) -> int:
+        return (self.speculative_tokens or {}).get(id(request), 0)
+
+
+class LazyFlushPolicy(ABC):
+    """One request's lazy-verification trigger. queued_tokens: lazy PRM tokens queued by all requests;
+    signals() builds the tick's `FlushSignals` (only a policy that needs them calls it)."""
+
+    threshold_tokens: int
+    rides_along: bool  # this policy's queued steps join any PRM batch that runs anyway
+
+    @abstractmethod
+    def trigger(self, items: Sequence, queued_tokens: int, now: float,
+                signals: Callable[[], FlushSignals]) -> str | None:
+        """The name of the trigger that holds for this request's queued steps `items`, or None."""
+
+
+@dataclass(frozen=True)
+class FixedTriggers(LazyFlushPolicy):
+    threshold_tokens: int
+    max_deferrals: int
+    max_age_s: float
+    rides_along: bool = False
+
+    def trigger(self, items, queued_tokens, now, signals) -> str | None:
+        if queued_tokens >= self.threshold_tokens:
+            return "tokens"
+        if any(i.completes_group for i in items):
+            return "sibling-group"
+        if any(i.deferrals > self.max_deferrals for i in items):
+            return "deferrals"
+        if any(now - i.enqueued_at > self.max_age_s for i in items):
+            return "age"
+        return None
+
+
+@dataclass(frozen=True)
+class AdaptiveBudget(LazyFlushPolicy):
+    threshold_tokens: int
+    wait_budget_calls: float
+    speculative_budget_tokens: float
+    kv_budget: float
+    rides_along: bool = True
+
+    def trigger(self, items, queued_tokens, now, signals) -> str | None:
+        if any(i.completes_group for i in items):
+            return "sibling-group"
+        gain_left = 1.0 - min(queued_tokens / self.threshold_tokens, 1.0)
+        if gain_left <= 0.0:
+            return "tokens"
+        return "budget" if self.pressure(items, now, signals()) >= gain_left else None
+
+    def pressure(self, items, now: float, signals: FlushSignals) -> float:
+        """wait + spec + kv of the module docstring, for one request's queued steps."""
+        age = now - min(i.enqueued_at for i in items)
+        wait = age / (self.wait_budget_calls * signals.prm_call_s) if signals.prm_call_s else 0.0
+        spec = signals.speculative_tokens_of(items[0].request) / self.speculative_budget_tokens
+        kv = max(signals.kv_used_share - KV_FLOOR, 0.0) / (self.kv_budget - KV_FLOOR)
+        return wait + spec + kv
+
+
+def flush_policy(config: SearchConfig, threshold_tokens: int) -> LazyFlushPolicy:
+    """The policy a request's config names, at the threshold the runtime resolved for it."""
+    if config.lv_policy == "adaptive":
+        policy = AdaptiveBudget(threshold_tokens, config.lv_wait_budget_calls, config.lv_speculative_budget_tokens,
+                                config.lv_kv_budget)
+    else:
+        policy = FixedTriggers(threshold_tokens, config.lv_max_deferrals, config.lv_max_age_s)
+    return policy if config.lv_ride_along is None else replace(policy, rides_along=config.lv_ride_along)
