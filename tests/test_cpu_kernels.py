@@ -5,7 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from specscale.model import cpu_kernels
-from specscale.model.attention import write_kv
+from specscale.model.attention import (
+    AttentionMetadata, padded_prefill_metadata, prefill_attention, write_kv,
+)
 from specscale.model.transformer import RMSNorm, apply_rotary
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the torch path is used")
@@ -82,9 +84,9 @@ def test_bf16_decode_attention_matches_fp32_reference(head_dim):
 
 @pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 64), (torch.bfloat16, 48), (torch.float32, 32)])
 def test_prefill_attention_matches_causal_reference(dtype, head_dim):
-    """Chunks of new tokens on top of cached contexts (0, 5, 40 tokens; 16-key blocks cut mid-chunk)."""
-    if not cpu_kernels.has_prefill_kernel(head_dim):  # AVX-512 builds only; elsewhere the runner pads SDPA
-        pytest.skip(f"this CPU's build has no paged prefill kernel for head_dim {head_dim}")
+    """Chunks of new tokens on top of cached contexts (0, 5, 40 tokens; 16-key blocks cut mid-chunk), through
+    every prefill path this CPU has: the padded SDPA always, the paged kernel where the build has it
+    (AVX-512 builds only)."""
     torch.manual_seed(0)
     heads, kv_heads, block_size, num_blocks = 6, 2, 16, 40
     starts, counts = torch.tensor([0, 5, 40]), torch.tensor([7, 20, 33])
@@ -92,7 +94,26 @@ def test_prefill_attention_matches_causal_reference(dtype, head_dim):
     value_cache = torch.randn_like(key_cache)
     tables = torch.randperm(num_blocks)[:3 * 6].view(3, 6).to(torch.int32)
     q = torch.randn(int(counts.sum()), heads, head_dim).to(dtype)
-    out = cpu_kernels.paged_prefill_attention(q, key_cache, value_cache, tables, starts, counts, head_dim**-0.5)
+    for out in prefill_outputs(q, key_cache, value_cache, tables, starts, counts, head_dim):
+        assert_causal_attention(out, q, key_cache, value_cache, tables, starts, counts)
+
+
+def prefill_outputs(q, key_cache, value_cache, tables, starts, counts, head_dim) -> list[torch.Tensor]:
+    """prefill_attention's output on the padded SDPA path, and on the paged kernel where this build has it."""
+    padded = AttentionMetadata(slot_mapping=torch.empty(0), num_decode_tokens=0, decode_block_tables=None,
+                               decode_context_lens=None, prefill_starts=starts, prefill_counts=counts,
+                               **padded_prefill_metadata(tables.long(), starts, counts, key_cache.shape[1]))
+    outputs = [prefill_attention(q, key_cache, value_cache, padded, head_dim**-0.5)]
+    if cpu_kernels.has_prefill_kernel(head_dim):
+        outputs.append(cpu_kernels.paged_prefill_attention(q, key_cache, value_cache, tables, starts, counts,
+                                                           head_dim**-0.5))
+    return outputs
+
+
+def assert_causal_attention(out, q, key_cache, value_cache, tables, starts, counts):
+    """out [Tp, H, D] equals fp32 causal attention of each chunk over its cached + new keys."""
+    block_size, kv_heads, head_dim = key_cache.shape[1:]
+    heads = q.shape[1]
     first = 0
     for b, (start, count) in enumerate(zip(starts.tolist(), counts.tolist())):
         total = start + count
@@ -103,6 +124,6 @@ def test_prefill_attention_matches_causal_reference(dtype, head_dim):
         scores = torch.einsum("qhd,khd->hqk", queries, k) * head_dim**-0.5
         causal = torch.arange(total)[None, :] > (torch.arange(count) + start)[:, None]  # [n, total]
         expected = torch.einsum("hqk,khd->qhd", scores.masked_fill(causal, float("-inf")).softmax(-1), v)
-        tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5  # bf16: one rounding of the output
+        tolerance = 1e-2 if q.dtype == torch.bfloat16 else 1e-5  # bf16: one rounding of the output
         torch.testing.assert_close(out[first:first + count].float(), expected, rtol=0, atol=tolerance)
         first += count

@@ -13,7 +13,7 @@ from specscale.config import EngineConfig
 from specscale.engine.model_runner import ModelRunner, RunnerOutput, head_layout
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.model import cpu_kernels
-from specscale.model.attention import AttentionMetadata
+from specscale.model.attention import AttentionMetadata, padded_prefill_metadata
 from specscale.model.loader import load_model, read_hf_config
 from specscale.model.transformer import ModelArgs
 from specscale.model.memory import ModelMemory, tensors_bytes, weight_bytes
@@ -143,23 +143,9 @@ class TorchModelRunner(ModelRunner):
                 "prefill_counts": torch.tensor([row.num_tokens for row in rows], device=self.device),
             }
         tables = self._block_tables(rows, torch.long)  # [Bp, nb]
-        query_len = max(row.num_tokens for row in rows)
-        device = self.device
-        starts = torch.tensor([row.start for row in rows], device=device)  # [Bp]
-        counts = torch.tensor([row.num_tokens for row in rows], device=device)  # [Bp]
-        q = torch.arange(query_len, device=device)  # [Lq]
-        keys = torch.arange(tables.shape[1] * self.block_size, device=device)  # [S]
-        query_pos = starts[:, None] + q[None, :]  # [Bp, Lq]
-        mask = keys[None, None, :] <= query_pos[:, :, None]  # causal over cached + new: [Bp, Lq, S]
-        padding = q[None, :] >= counts[:, None]  # [Bp, Lq] padded query rows attend to key 0 only
-        mask = torch.where(padding[:, :, None], keys[None, None, :] == 0, mask)
-        valid = (~padding).flatten().nonzero().squeeze(1)  # flat [Bp*Lq] index of each real token
-        return {
-            "prefill_block_tables": tables,
-            "prefill_mask": mask[:, None],
-            "prefill_query_index": valid,
-            "prefill_query_len": query_len,
-        }
+        starts = torch.tensor([row.start for row in rows], device=self.device)  # [Bp]
+        counts = torch.tensor([row.num_tokens for row in rows], device=self.device)  # [Bp]
+        return padded_prefill_metadata(tables, starts, counts, self.block_size)
 
     def _head_rows(self, batch: ScheduledBatch) -> tuple[list[int], list[tuple[int, int]]]:
         """(flat token index of every head position, (offset, count) per row)."""

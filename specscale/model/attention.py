@@ -91,6 +91,22 @@ def decode_attention(q, key_cache, value_cache, block_tables, context_lens, scal
     return grouped_sdpa(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
 
 
+def padded_prefill_metadata(tables: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor,
+                            block_size: int) -> dict:
+    """The torch path's prefill fields of `AttentionMetadata`: block tables [Bp, nb] (int64), first positions
+    and new-token counts [Bp] -> the causal mask over cached + new keys and each real token's grid index."""
+    query_len = int(counts.max())
+    q = torch.arange(query_len, device=tables.device)  # [Lq]
+    keys = torch.arange(tables.shape[1] * block_size, device=tables.device)  # [S]
+    query_pos = starts[:, None] + q[None, :]  # [Bp, Lq]
+    mask = keys[None, None, :] <= query_pos[:, :, None]  # causal over cached + new: [Bp, Lq, S]
+    padding = q[None, :] >= counts[:, None]  # [Bp, Lq] padded query rows attend to key 0 only
+    mask = torch.where(padding[:, :, None], keys[None, None, :] == 0, mask)
+    valid = (~padding).flatten().nonzero().squeeze(1)  # flat [Bp*Lq] index of each real token
+    return {"prefill_block_tables": tables, "prefill_mask": mask[:, None], "prefill_query_index": valid,
+            "prefill_query_len": query_len}
+
+
 def prefill_attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [Tp, H, D] flat prefill tokens -> [Tp, H, D], through a padded [Bp, Lq] query grid (or the kernel)."""
     if meta.use_prefill_kernel:
