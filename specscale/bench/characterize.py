@@ -20,12 +20,8 @@ Scalars are medians over repeats; distributions pool the repeats.
 
 from __future__ import annotations
 
-import cProfile
-import pstats
 import statistics
-import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -35,9 +31,8 @@ from specscale.bench.common import (
     search_settings, serving_numbers, start_run,
     write_outputs,
 )
-from specscale.engine.block_manager import KVUsage
-from specscale.search.backend import GeneratorBackend, SequenceOp, SequenceUpdate, VerifierBackend
-from specscale.verify.prm import ScoreRequest, ScoreResult
+from specscale.bench.profiling import profile_report, profile_run
+from specscale.bench.timed_backends import TimedGenerator, TimedVerifier
 
 NAME = "characterize"
 FULL = {"problems": 32, "repeats": 3, "beam_sizes": [8], "max_rounds": 40, "variants": list(LADDER),
@@ -45,7 +40,6 @@ FULL = {"problems": 32, "repeats": 3, "beam_sizes": [8], "max_rounds": 40, "vari
 QUICK = {"problems": 6, "repeats": 1, "beam_sizes": [4], "max_rounds": 8,
          "variants": ["beam", "naive-spec", "fasttts", "specscale"], "waiting_problems": 3}
 SCORE_BINS = 20
-TOP_FUNCTIONS = 15
 
 
 def add_parser(subparsers) -> None:
@@ -76,65 +70,6 @@ def run(args) -> int:
     write_outputs(args.out, NAME, info, strip_samples(runs), results, text, plot(results, runs, extra), extra)
     print(text)
     return 0
-
-
-# ---- instrumented stand-ins for the generator and the verifier backends ----------------------------
-class TimedGenerator:
-    """A generator backend with every iteration timed on `clock`: (sequences advanced, seconds) per step()."""
-
-    def __init__(self, backend: GeneratorBackend, clock: Callable[[], float] = time.perf_counter):
-        self._backend, self._clock = backend, clock
-        self.iterations: list[tuple[int, float]] = []
-
-    def apply(self, ops: Sequence[SequenceOp]) -> None:
-        self._backend.apply(ops)
-
-    def step(self) -> list[SequenceUpdate]:
-        start = self._clock()
-        updates = self._backend.step()
-        self.iterations.append((len(updates), self._clock() - start))
-        return updates
-
-    def has_work(self) -> bool:
-        return self._backend.has_work()
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self._backend.decode(token_ids)
-
-    @property
-    def num_live_sequences(self) -> int:
-        return self._backend.num_live_sequences
-
-    @property
-    def kv_usage(self) -> KVUsage:
-        return self._backend.kv_usage
-
-
-class TimedVerifier:
-    """A verifier backend with every PRM call timed (paths, computed tokens, seconds) and the time spent
-    sizing queued steps (`tokens_to_compute`) summed, on `clock`."""
-
-    def __init__(self, backend: VerifierBackend, clock: Callable[[], float] = time.perf_counter):
-        self._backend, self._clock = backend, clock
-        self.calls: list[tuple[int, int, float]] = []
-        self.sizing_s = 0.0
-
-    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        start = self._clock()
-        results = self._backend.score(requests)
-        tokens = sum(r.computed_tokens for r in results)
-        self.calls.append((len(requests), tokens, self._clock() - start))
-        return results
-
-    def tokens_to_compute(self, request: ScoreRequest) -> int:
-        start = self._clock()
-        tokens = self._backend.tokens_to_compute(request)
-        self.sizing_s += self._clock() - start
-        return tokens
-
-    @property
-    def kv_usage(self) -> KVUsage:
-        return self._backend.kv_usage
 
 
 # ---- 1. waiting at batch size 1 ---------------------------------------------------------------------
@@ -318,54 +253,6 @@ def score_histogram(searches: list) -> dict:
     }
 
 
-# ---- 4. a profile ----------------------------------------------------------------------------------------
-def profile_run(stack, args, problems) -> dict:
-    """cProfile of one run of the profile variant: self time by package and the top functions."""
-    requests = search_requests(stack, problems, args.profile_variant, args.seed, tag="profile ",
-                               **search_settings(args, max(args.beam_sizes)))
-    runtime = fresh_runtime(stack, args.max_concurrency)
-    profiler = cProfile.Profile()
-    with progress_bar(len(requests), f"profile {args.profile_variant}") as bar:
-        profiler.enable()
-        run_batch(runtime, requests, bar)
-        profiler.disable()
-    stats = pstats.Stats(profiler).stats
-    total = sum(entry[2] for entry in stats.values())
-    by_area: dict[str, float] = defaultdict(float)
-    for (filename, _, function), entry in stats.items():
-        by_area[area_of(filename, function)] += entry[2]
-    top = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:TOP_FUNCTIONS]
-    return {
-        "variant": args.profile_variant,
-        "total_s": total,
-        "self_time_share_by_area": {k: v / total for k, v in sorted(by_area.items(), key=lambda kv: -kv[1])},
-        "top_functions": [{"function": describe(key), "calls": entry[1], "self_s": entry[2], "cumulative_s": entry[3]}
-                          for key, entry in top],
-    }
-
-
-def area_of(filename: str, function: str) -> str:
-    """specscale.<package> for our code, "torch ops" for torch built-ins, else "python / other"."""
-    if "/specscale/" in filename:
-        package = filename.split("/specscale/")[-1].split("/")[0].removesuffix(".py")
-        return f"specscale.{package}"
-    if "specscale_cpu_kernels" in function:
-        return "specscale.model (C++ CPU kernels)"
-    if "torch" in filename or "torch" in function:
-        return "torch"
-    if "tokenizers" in filename or "tokenizers" in function:
-        return "tokenizers"
-    return "python / other"
-
-
-def describe(key: tuple) -> str:
-    filename, line, function = key
-    if filename == "~":
-        return function
-    short = filename.split("/specscale/")[-1] if "/specscale/" in filename else filename.split("/")[-1]
-    return f"{short}:{line} {function}"
-
-
 # ---- report ------------------------------------------------------------------------------------------------
 def report(results: dict, extra: dict) -> str:
     rows = []
@@ -409,16 +296,6 @@ def sharing_report(extra: dict) -> str:
             f"PRM step scores: {scores['scores']} scored, median {scores['median']:.3f}, "
             f"{100 * scores['fraction_exactly_1']:.1f}% exactly 1.0, "
             f"{100 * scores['fraction_above_0.99']:.1f}% ≥ 0.99.\n")
-
-
-def profile_report(profile: dict) -> str:
-    shares = profile["self_time_share_by_area"].items()
-    areas = markdown_table(["area", "self time %"], [[area, 100 * share] for area, share in shares])
-    top = markdown_table(["function", "calls", "self s", "cumulative s"],
-                         [[f["function"], f["calls"], f["self_s"], f["cumulative_s"]]
-                          for f in profile["top_functions"]])
-    return (f"\n## Profile of one {profile['variant']} run ({profile['total_s']:.1f} s of self time under cProfile)\n\n"
-            + areas + "\n" + top)
 
 
 def plot(results: dict, runs: list[dict], extra: dict):
