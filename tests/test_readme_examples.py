@@ -16,14 +16,12 @@ import io
 import json
 import re
 import shlex
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from server_process import serving
 
 from specscale.cli import main as specscale_main
 from specscale.tasks.toy import MAX_OPS, MIN_OPS, extract_answer, toy_problems
@@ -116,27 +114,8 @@ def test_each_other_readme_question_is_answered_by_solve(question):
 def server_url(tmp_path_factory):
     log = tmp_path_factory.mktemp("readme-server") / "server.log"
     command = [sys.executable, "-m", "specscale.cli", "serve", "--port", "0", "--log-level", "warning"]
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield wait_for_url(log, process)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
-def wait_for_url(log: Path, process: subprocess.Popen, timeout_s: float = 180.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = re.search(r"at (http://\S+)", log.read_text())
-        if found and httpx.get(f"{found[1]}/health", timeout=10).status_code == 200:
-            return found[1]
-        assert process.poll() is None, f"the server exited early:\n{log.read_text()}"
-        time.sleep(0.2)
-    raise AssertionError(f"the server did not start:\n{log.read_text()}")
+    with serving(command, log, start_timeout_s=180.0) as server:
+        yield server.url
 
 
 def test_the_readme_curl_example_gets_the_true_answer(server_url):

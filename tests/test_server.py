@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import httpx
 import openai
 import pytest
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
+from server_process import serving
 
 from specscale.search.presets import PRESETS
 
@@ -78,33 +78,9 @@ def server(tmp_path_factory):
         "--generator-kv-gb", "0.1", "--prm-kv-gb", "0.1", "--lv-threshold-tokens", "256", "--log-level", "warning",
         "--header-timeout", str(HEADER_TIMEOUT_S),
     ]
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
-    try:
-        url = _wait_for_url(log, process)
-        yield Server(url, process, log)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            code = process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            code = "killed"
-    assert code == 0 and "SpecScale stopped" in log.read_text(), f"exit {code}:\n{log.read_text()[-3000:]}"
-
-
-def _wait_for_url(log: Path, process: subprocess.Popen, timeout_s: float = 120.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = re.search(r"at (http://\S+)", log.read_text())
-        if found:
-            url = found.group(1)
-            if httpx.get(f"{url}/health", timeout=10).status_code == 200:
-                return url
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited early:\n{log.read_text()}")
-        time.sleep(0.1)
-    raise AssertionError(f"the server did not start:\n{log.read_text()}")
+    with serving(command, log) as running:
+        yield Server(running.url, running.process, log)
+    running.assert_stopped_cleanly()
 
 
 @pytest.fixture(scope="module")
