@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from specscale.bench.cell_pool import CellPool, add_workers_argument, resolve_workers
 from specscale.bench.common import (
     LADDER, add_common_arguments, finish_info, fresh_runtime, interleaved, markdown_table, median_summary,
     new_figure, progress_bar, run_batch, search_requests, search_settings, serving_numbers, start_run,
@@ -42,6 +43,7 @@ TABLE_METRICS = (
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(NAME, help="output-token throughput of the ablation ladder, all requests at once")
     add_common_arguments(parser)
+    add_workers_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -49,6 +51,7 @@ def run(args) -> int:
     stack, info, started = start_run(NAME, args, FULL, QUICK)
     problems = stack.problems(args.problems)
     cells = [(variant, n) for n in args.beam_sizes for variant in args.variants]
+    args.workers = resolve_workers(args, len(cells) * args.repeats)
     runs = measure(stack, args, problems, cells)
     stack.close()
     results = summarize(runs, cells)
@@ -61,15 +64,36 @@ def run(args) -> int:
 
 
 def measure(stack, args, problems, cells) -> list[dict]:
-    """Every cell once per repeat, interleaved; one record per run."""
-    runs = []
-    with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
-        for repeat, (variant, n) in interleaved(cells, args.repeats):
-            bar.set_postfix_str(f"repeat {repeat} {variant} N={n}")
-            requests = search_requests(stack, problems, variant, args.seed, **search_settings(args, n))
-            batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, bar)
-            runs.append({"variant": variant, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems)})
-    return runs
+    """Every cell once per repeat, interleaved; one record per run. Simulated cells run each on a fresh
+    simulation, in `--workers` processes (bench/cell_pool.py); real ones one after the other on `stack`."""
+    runs = list(interleaved(cells, args.repeats))
+    with progress_bar(len(runs) * len(problems), NAME) as bar:
+        if args.backend == "sim":
+            return CellPool(args.workers).run(run_cell, args, runs, bar, label=cell_label, weight=cell_weight)
+        records = []
+        for run in runs:
+            bar.set_postfix_str(cell_label(run))
+            records.append(run_cell(stack, args, run, bar, problems))
+        return records
+
+
+def run_cell(stack, args, run: tuple[int, tuple[str, int]], progress, problems=None) -> dict:
+    """One repeat of one (variant, beam size) cell on `stack`: every problem issued at once."""
+    repeat, (variant, n) = run
+    problems = problems if problems is not None else stack.problems(args.problems)
+    requests = search_requests(stack, problems, variant, args.seed, **search_settings(args, n))
+    batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, progress)
+    return {"variant": variant, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems)}
+
+
+def cell_label(run: tuple[int, tuple[str, int]]) -> str:
+    repeat, (variant, n) = run
+    return f"repeat {repeat} {variant} N={n}"
+
+
+def cell_weight(run: tuple[int, tuple[str, int]]) -> float:
+    """Simulation work grows with the beam size: larger N first."""
+    return run[1][1]
 
 
 def summarize(runs: list[dict], cells) -> dict:

@@ -23,7 +23,7 @@ row therefore draws the very tokens its copies would draw as separate rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,13 +43,15 @@ class SampleRow:
             raise ValueError(f"a row of {self.num_draws} draws needs {self.num_draws} lanes, got {len(self.lanes)}")
 
 
-@dataclass(frozen=True)
-class DrawUnit:
-    """What one race call draws for: `draws` tokens of one row, from one generator (None: the engine's)."""
+@dataclass
+class DrawGroup:
+    """The race units that draw `draws` tokens each, raced in one call. A unit is `draws` tokens of one row
+    from one generator (None: the engine's); a laned row gives one unit of one draw per lane."""
 
-    row: int  # index into the sampled rows' probabilities
     draws: int
-    generator: torch.Generator | None
+    outputs: list[int] = field(default_factory=list)  # per unit: its row in the caller's rows
+    weight_rows: list[int] = field(default_factory=list)  # per unit: its row of the sampled weights
+    generators: list[torch.Generator | None] = field(default_factory=list)
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -125,55 +127,61 @@ class Sampler:
               out) -> None:
         """weights: probabilities [S, V] (torch race) or logits with 1 / T per row [S] (C++ race); row
         indices[k]'s at k. A laned row is one unit per lane (one draw each); any other row is one unit of all
-        its draws. Units are raced in groups of equal draws."""
-        units: list[tuple[int, DrawUnit]] = []  # (the row in `rows`, its unit)
+        its draws. Units are raced in groups of equal draws, groups in the order their first unit comes."""
+        for group in self._groups(indices, rows):
+            whole = group.weight_rows == list(range(len(weights)))
+            group_weights = weights if whole else weights[group.weight_rows]  # [G, V]
+            if inverse_t is None:
+                drawn = self._race(group_weights, group.generators, group.draws)
+            else:
+                group_inverse_t = inverse_t if whole else inverse_t[group.weight_rows]  # [G]
+                drawn = cpu_kernels.race_sample_logits(group_weights.contiguous(), group_inverse_t,
+                                                       self._keys(group.generators), group.draws).tolist()
+            for i, tokens in zip(group.outputs, drawn):
+                out[i] += tokens  # lanes in order: draw j of a laned row is lane j's
+
+    @staticmethod
+    def _groups(indices: list[int], rows: list[SampleRow]) -> list[DrawGroup]:
+        """The race units of the sampled rows (row indices[k]'s weights at k), grouped by their draws."""
+        groups: dict[int, DrawGroup] = {}
         for k, i in enumerate(indices):
             row = rows[i]
             if row.lanes:
-                units += [(i, DrawUnit(k, 1, lane)) for lane in row.lanes]
+                group = groups.get(1) or groups.setdefault(1, DrawGroup(1))
+                group.outputs += [i] * len(row.lanes)
+                group.weight_rows += [k] * len(row.lanes)
+                group.generators += row.lanes
             else:
-                units.append((i, DrawUnit(k, row.num_draws, None)))
-        by_draws: dict[int, list[tuple[int, DrawUnit]]] = {}
-        for item in units:
-            by_draws.setdefault(item[1].draws, []).append(item)
-        for n, group in by_draws.items():
-            rows_of_group = [unit.row for _, unit in group]
-            whole = rows_of_group == list(range(len(weights)))
-            group_weights = weights if whole else weights[rows_of_group]  # [G, V]
-            group_units = [unit for _, unit in group]
-            if inverse_t is None:
-                drawn = self._race(group_weights, group_units, n)
-            else:
-                group_inverse_t = inverse_t if whole else inverse_t[rows_of_group]  # [G]
-                drawn = cpu_kernels.race_sample_logits(group_weights.contiguous(), group_inverse_t,
-                                                       self._keys(group_units), n).tolist()
-            for (i, _), tokens in zip(group, drawn):
-                out[i] += tokens  # lanes in order: draw j of a laned row is lane j's
+                group = groups.get(row.num_draws) or groups.setdefault(row.num_draws, DrawGroup(row.num_draws))
+                group.outputs.append(i)
+                group.weight_rows.append(k)
+                group.generators.append(None)
+        return list(groups.values())
 
-    def _race(self, probs: torch.Tensor, units: list[DrawUnit], n: int) -> list[list[int]]:
-        """probs [G, V] -> n draws per unit, [G][n] token ids (plain torch)."""
-        uniform = self._uniforms(units, n, probs.shape[-1], probs.device)  # [G, n, V]
+    def _race(self, probs: torch.Tensor, generators: list[torch.Generator | None], n: int) -> list[list[int]]:
+        """probs [G, V] -> n draws per unit (one generator each), [G][n] token ids (plain torch)."""
+        uniform = self._uniforms(generators, n, probs.shape[-1], probs.device)  # [G, n, V]
         noise = uniform.log_().neg_()  # E = -log(U) ~ Exp(1); U = 0 gives inf: that draw ignores the token
         return (probs[:, None, :] / noise).argmax(dim=-1).tolist()  # [G, n]
 
-    def _keys(self, units: list[DrawUnit]) -> torch.Tensor:
+    def _keys(self, generators: list[torch.Generator | None]) -> torch.Tensor:
         """One key per unit for the C++ race: a seeded unit's from its own generator, the others' from the
         engine's generator in one call."""
-        shared = iter(torch.randint(KEY_RANGE, (len(units),), generator=self.generator).tolist())
-        keys = [next(shared) if u.generator is None else int(torch.randint(KEY_RANGE, (1,), generator=u.generator))
-                for u in units]
+        shared = iter(torch.randint(KEY_RANGE, (len(generators),), generator=self.generator).tolist())
+        keys = [next(shared) if g is None else int(torch.randint(KEY_RANGE, (1,), generator=g)) for g in generators]
         return torch.tensor(keys)
 
-    def _uniforms(self, units: list[DrawUnit], n: int, vocab: int, device) -> torch.Tensor:
+    def _uniforms(self, generators: list[torch.Generator | None], n: int, vocab: int, device) -> torch.Tensor:
         """U ~ Uniform[0, 1) of shape [G, n, V]: a seeded unit's from its own generator (so its draws do not
         depend on the batch it is in), the other units' from the engine's generator in one call."""
-        uniform = torch.empty((len(units), n, vocab), device=device)  # [G, n, V]
-        shared = [j for j, u in enumerate(units) if u.generator is None]
-        for j, u in enumerate(units):
-            if u.generator is not None:
-                torch.rand((n, vocab), generator=u.generator, device=device, out=uniform[j])
-        if len(shared) == len(units):
-            return torch.rand((len(units), n, vocab), generator=self.generator, device=device, out=uniform)
-        if shared:
-            uniform[shared] = torch.rand((len(shared), n, vocab), generator=self.generator, device=device)
+        shared = [j for j, g in enumerate(generators) if g is None]
+        if not shared:  # every unit seeded (a search's rows): one [n, V] draw per generator, stacked
+            return torch.stack([torch.rand((n, vocab), generator=g, device=device) for g in generators])
+        if len(shared) == len(generators):
+            return torch.rand((len(generators), n, vocab), generator=self.generator, device=device)
+        uniform = torch.empty((len(generators), n, vocab), device=device)  # [G, n, V]
+        for j, g in enumerate(generators):
+            if g is not None:
+                torch.rand((n, vocab), generator=g, device=device, out=uniform[j])
+        uniform[shared] = torch.rand((len(shared), n, vocab), generator=self.generator, device=device)
         return uniform
