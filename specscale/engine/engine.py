@@ -77,7 +77,7 @@ class Engine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self._ids = itertools.count()
         self._arrivals = itertools.count()
-        self._stop_bytes: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+        self._stop_bytes: dict[tuple[str, ...], tuple[tuple[bytes, ...], int]] = {}
         if self.runner.block_size != config.block_size:
             raise ValueError(f"the runner's KV blocks hold {self.runner.block_size} tokens, the config says "
                              f"{config.block_size}")
@@ -261,6 +261,11 @@ class Engine:
     def _append_draws(self, seq: Sequence, tokens: list[int]) -> list[SequenceOutput]:
         """Group equal draws; the sequence keeps the first group, each other group forks a child that
         takes the lanes of its draws."""
+        first = tokens[0]
+        if tokens.count(first) == len(tokens):  # one group (every row of multiplicity 1): nothing splits
+            self._append_token(seq, first)
+            return [SequenceOutput(seq.seq_id, [first], seq.status, seq.finish_reason, seq.multiplicity,
+                                   lane_ids=tuple(seq.lane_ids))]
         groups: dict[int, list[int]] = {}  # token -> indices of the draws (lanes) that drew it
         for j, token in enumerate(tokens):
             groups.setdefault(token, []).append(j)
@@ -299,22 +304,29 @@ class Engine:
             return FinishReason.EOS
         if params.stop and self._hits_stop_string(seq, token):
             return FinishReason.STOP
-        if seq.num_segment_tokens >= params.max_new_tokens:
+        length = len(seq.token_ids)
+        if length - seq.segment_start >= params.max_new_tokens:  # seq.num_segment_tokens
             return FinishReason.LENGTH
-        if len(seq) >= self.max_model_len:
+        if length >= self.max_model_len:
             return FinishReason.CONTEXT
         return None
 
     def _hits_stop_string(self, seq: Sequence, token: int) -> bool:
-        stops = self._stop_bytes.get(seq.params.stop)
-        if stops is None:
-            stops = self._stop_bytes[seq.params.stop] = tuple(s.encode("utf-8") for s in seq.params.stop)
+        stops, keep = self._stops_of(seq.params.stop)
         text = seq.stop_tail + self.tokenizer.token_bytes[token]  # the segment's newest bytes
-        if any(stop in text for stop in stops):
-            return True
-        keep = max(len(s) for s in stops) - 1  # enough to catch a stop string split across tokens
+        for stop in stops:
+            if stop in text:
+                return True
         seq.stop_tail = text[-keep:] if keep else b""
         return False
+
+    def _stops_of(self, stop: tuple[str, ...]) -> tuple[tuple[bytes, ...], int]:
+        """The stop strings as bytes, and how many trailing bytes catch one split across tokens."""
+        entry = self._stop_bytes.get(stop)
+        if entry is None:
+            stops = tuple(s.encode("utf-8") for s in stop)
+            entry = self._stop_bytes[stop] = (stops, max(len(s) for s in stops) - 1)
+        return entry
 
     # ---- helpers ---------------------------------------------------------------------------
     def _fork_one(self, parent: Sequence, lane_ids: list[int], lanes: list[torch.Generator]) -> Sequence:

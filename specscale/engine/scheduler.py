@@ -10,6 +10,7 @@ be). Nothing is lost and nothing crashes: a sequence that cannot fit simply wait
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from specscale.engine.block_manager import BlockManager
@@ -51,6 +52,9 @@ class ScheduledBatch:
         return not self.decode_rows and not self.prefill_rows
 
 
+WAITING, RUNNING = SequenceStatus.WAITING, SequenceStatus.RUNNING
+
+
 def rank(seq: Sequence) -> tuple[int, int]:
     """Larger ranks run first: higher priority, then older."""
     return (seq.priority, -seq.arrival)
@@ -74,13 +78,18 @@ class Scheduler:
         self.sequences.pop(seq.seq_id, None)
 
     def has_work(self) -> bool:
-        return any(seq.is_schedulable for seq in self.sequences.values())
+        return any(True for _ in self._schedulable())
+
+    def _schedulable(self) -> Iterator[Sequence]:
+        """The live sequences with `is_schedulable` (inlined: this runs over every live sequence each iteration)."""
+        return (s for s in self.sequences.values()
+                if (s.status is WAITING or s.status is RUNNING) and s.num_computed_tokens < len(s.token_ids))
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         scheduled: set[int] = set()
-        queue = sorted((s for s in self.sequences.values() if s.is_schedulable), key=rank, reverse=True)
+        queue = sorted(self._schedulable(), key=rank, reverse=True)
         for seq in queue:
             if budget == 0 or len(scheduled) == self.max_num_seqs:
                 break
@@ -99,14 +108,18 @@ class Scheduler:
         bm = self.block_manager
         if not seq.block_table:
             bm.allocate_cached_prefix(seq)
-        num_tokens = min(seq.num_uncomputed_tokens, budget)
-        while bm.blocks_needed(seq, num_tokens) > bm.num_free_blocks:
-            victims = self._pick_victims(seq, scheduled, bm.blocks_needed(seq, num_tokens) - bm.num_free_blocks)
+        num_tokens = min(len(seq.token_ids) - seq.num_computed_tokens, budget)  # seq.num_uncomputed_tokens
+        needed = bm.blocks_needed(seq, num_tokens)
+        while needed > bm.num_free_blocks:
+            victims = self._pick_victims(seq, scheduled, needed - bm.num_free_blocks)
             if not victims:
                 return None  # waits; it keeps the blocks it has
             for victim in victims:
                 self._preempt(victim, batch)
-        batch.block_copies += bm.allocate_slots(seq, num_tokens)
+            needed = bm.blocks_needed(seq, num_tokens)  # a victim may have shared seq's last block
+        copies = bm.allocate_slots(seq, num_tokens)
+        if copies:
+            batch.block_copies += copies
         seq.status = SequenceStatus.RUNNING
         return ScheduledRow(seq, seq.num_computed_tokens, num_tokens)
 

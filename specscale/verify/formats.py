@@ -45,6 +45,9 @@ from specscale.tokenizer import Tokenizer
 # Stands in for text while a template is rendered, to find where that text lands (Unicode private use).
 PLACEHOLDER = "\ue000placeholder\ue001"
 PIECE_MEMO_SIZE = 1 << 16  # distinct piece texts whose token ids are remembered per format
+# whole inputs remembered per format: a path is encoded when its step is queued (the LV trigger counts its
+# tokens) and again when it is scored
+INPUT_MEMO_SIZE = 1 << 12
 
 
 def clean_steps(steps: Sequence[str]) -> list[str]:
@@ -90,6 +93,7 @@ class PRMFormat(ABC):
         self.tokenizer = tokenizer
         self.trust_special_tokens = trust_special_tokens
         self._piece_ids = functools.lru_cache(maxsize=PIECE_MEMO_SIZE)(self._encode_piece)
+        self._inputs = functools.lru_cache(maxsize=INPUT_MEMO_SIZE)(self._encode_input)
         self.check_template()
 
     # ---- what a format defines -----------------------------------------------------------------
@@ -123,6 +127,9 @@ class PRMFormat(ABC):
         """Token ids of the chat up to the last step's boundary, its score positions and step ends."""
         if not steps:
             raise ValueError("a PRM input needs at least one step")
+        return self._inputs(question, tuple(steps))
+
+    def _encode_input(self, question: str, steps: tuple[str, ...]) -> PRMInput:
         token_ids: list[int] = []
         score_positions, step_ends = [], []
         for piece in self.step_pieces(question, steps):
