@@ -125,6 +125,8 @@ class BlockManager:
             return
         bs = self.block_size
         full = seq.num_computed_tokens // bs
+        if full <= seq.num_hashed_blocks:  # no block completed since the last call (most decode steps)
+            return
         for i in range(seq.num_hashed_blocks, full):
             block = seq.block_table[i]
             if self.block_hash[block] is None:

@@ -223,7 +223,7 @@ class Engine:
         logit_rows: list[int] = []  # their rows of result.head
         for row, (offset, count) in zip(batch.rows, result.head_rows if result else []):
             seq = row.seq
-            seq.num_computed_tokens = row.end
+            seq.num_computed_tokens = row.start + row.num_tokens  # row.end
             seq.usage.computed_tokens += row.num_tokens
             self.block_manager.register_computed_blocks(seq)
             if seq.is_readout:

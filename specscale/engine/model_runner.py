@@ -66,10 +66,10 @@ def head_positions(row: ScheduledRow) -> list[int]:
     """Positions of row's sequence whose head output this iteration returns: the requested readouts
     inside the row's span for a prefill-only sequence; the last token for a generating sequence that
     reaches it (its next-token logits)."""
-    seq = row.seq
+    seq, end = row.seq, row.start + row.num_tokens  # row.end, read once (this runs for every row)
     if seq.is_readout:
-        return [p for p in seq.readout_positions if row.start <= p < row.end]
-    return [row.end - 1] if row.reaches_last_token else []
+        return [p for p in seq.readout_positions if row.start <= p < end]
+    return [end - 1] if end == len(seq.token_ids) else []
 
 
 def head_layout(batch: ScheduledBatch) -> tuple[list[list[int]], list[tuple[int, int]]]:

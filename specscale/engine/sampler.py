@@ -176,6 +176,8 @@ class Sampler:
         depend on the batch it is in), the other units' from the engine's generator in one call."""
         shared = [j for j, g in enumerate(generators) if g is None]
         if not shared:  # every unit seeded (a search's rows): one [n, V] draw per generator, stacked
+            if device.type == "cpu":  # at a small vocabulary the device keyword costs more than the draw
+                return torch.stack([torch.rand(n, vocab, generator=g) for g in generators])
             return torch.stack([torch.rand((n, vocab), generator=g, device=device) for g in generators])
         if len(shared) == len(generators):
             return torch.rand((len(generators), n, vocab), generator=self.generator, device=device)

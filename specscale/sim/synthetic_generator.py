@@ -78,7 +78,7 @@ class SyntheticGenerator(HeadModel):
             over_rows += [r] * len(cols)
             over_cols += cols
             over_vals += vals
-        logp = np.stack(rows)  # [R, generated_size]
+        logp = np.array(rows)  # [R, generated_size] (np.stack of many small rows is several times slower)
         logp[over_rows, over_cols] = over_vals
         return torch.from_numpy(logp * REFERENCE_TEMPERATURE)  # logits = T_ref * log p: softmax(logits / T_ref) = p
 
