@@ -16,7 +16,8 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
 from specscale.bench.stack import BenchStack
@@ -80,6 +81,18 @@ def collect_garbage_rarely() -> None:
     gc.set_threshold(*SIMULATION_GC_THRESHOLDS)
 
 
+@contextmanager
+def garbage_collected_rarely() -> Iterator[None]:
+    """`collect_garbage_rarely` for a while in this process; the collector's settings come back after."""
+    thresholds = gc.get_threshold()
+    collect_garbage_rarely()
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
 def _run_in_worker(run_cell: CellRunner, args, cell) -> dict:
     return run_on_fresh_stack(run_cell, args, cell, _worker_progress)
 
@@ -109,11 +122,11 @@ class CellPool:
         or counts the cells done (K workers). weight: a cell's expected cost; K workers take the heaviest
         cells first, so no long cell starts last while the other workers idle."""
         if self.workers == 1:
-            collect_garbage_rarely()
             records = []
-            for cell in cells:
-                bar.set_postfix_str(label(cell))
-                records.append(run_on_fresh_stack(run_cell, args, cell, bar))
+            with garbage_collected_rarely():
+                for cell in cells:
+                    bar.set_postfix_str(label(cell))
+                    records.append(run_on_fresh_stack(run_cell, args, cell, bar))
             return records
         order = sorted(range(len(cells)), key=lambda i: -weight(cells[i])) if weight else range(len(cells))
         return self._run_parallel(run_cell, args, cells, list(order), bar)
