@@ -146,13 +146,15 @@ class Sampler:
         groups: dict[int, DrawGroup] = {}
         for k, i in enumerate(indices):
             row = rows[i]
+            draws = 1 if row.lanes else row.num_draws
+            group = groups.get(draws)
+            if group is None:
+                group = groups[draws] = DrawGroup(draws)
             if row.lanes:
-                group = groups.get(1) or groups.setdefault(1, DrawGroup(1))
                 group.outputs += [i] * len(row.lanes)
                 group.weight_rows += [k] * len(row.lanes)
                 group.generators += row.lanes
             else:
-                group = groups.get(row.num_draws) or groups.setdefault(row.num_draws, DrawGroup(row.num_draws))
                 group.outputs.append(i)
                 group.weight_rows.append(k)
                 group.generators.append(None)
