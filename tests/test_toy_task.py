@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specscale.tasks.toy import (
+    EVENT_WEIGHTS,
     MAX_OPS,
     MAX_VALUE,
     MIN_OPS,
@@ -141,13 +142,16 @@ def test_problems_are_well_formed():
         assert all(op.sentence in problem.question for op in problem.ops)
 
 
-def test_problems_cover_the_event_range_uniformly_in_both_splits():
-    """Every count in MIN_OPS..MAX_OPS occurs in both splits, roughly uniformly (docs/toy-models.md)."""
-    width = MAX_OPS - MIN_OPS + 1
+def test_problems_follow_the_event_weights_in_both_splits():
+    """Every count in MIN_OPS..MAX_OPS occurs in both splits, each about as often as EVENT_WEIGHTS says
+    (docs/toy-models.md, "The task")."""
+    total = sum(EVENT_WEIGHTS.values())
     for split in ("train", "test"):
-        counts = Counter(len(p.ops) for p in toy_problems(split, 800, seed=0))
-        assert set(counts) == set(range(MIN_OPS, MAX_OPS + 1))
-        assert min(counts.values()) > 800 / width / 2  # roughly uniform
+        counts = Counter(len(p.ops) for p in toy_problems(split, 1400, seed=0))
+        assert set(counts) == set(range(MIN_OPS, MAX_OPS + 1)) == set(EVENT_WEIGHTS)
+        for events, weight in EVENT_WEIGHTS.items():
+            expected = 1400 * weight / total
+            assert abs(counts[events] - expected) < 4 * expected**0.5, (split, events, counts)
 
 
 def test_wrong_number_is_a_plausible_nonnegative_wrong_value():

@@ -1,6 +1,6 @@
 """The toy reasoning task: chains of arithmetic facts stated in words, solved step by step.
 
-A problem tells a short story about one person's collection of items (2..6 events, see toy_core.MIN_OPS; every running
+A problem tells a short story about one person's collection of items (1..8 events, see toy_core.EVENT_WEIGHTS; every running
 total stays in 0..30, at most 12 items come or go at once, "doubles"/"triples"/"half" scale it):
 
     Mia has 13 marbles. Mia finds 8 more. Mia gives 9 to Leo. Mia doubles the marbles.
@@ -51,6 +51,7 @@ from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT, STEP_SEPARATOR, c
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT as GENERATOR_SYSTEM_PROMPT
 from specscale.tasks.toy_check import first_error, label_steps
 from specscale.tasks.toy_core import (
+    EVENT_WEIGHTS,
     MAX_OPS,
     MAX_VALUE,
     MIN_OPS,
@@ -64,6 +65,7 @@ from specscale.tasks.toy_core import (
 )
 
 __all__ = [
+    "EVENT_WEIGHTS",
     "GENERATOR_SYSTEM_PROMPT",
     "MAX_OPS",
     "MAX_VALUE",

@@ -18,7 +18,7 @@ loaded from ``specscale/assets`` in bf16 (``--generator``/``--prm`` override the
    ratio 1 - mean/max of step lengths per round, the common-prefix token ratio (1 - token-trie nodes /
    tokens over each sibling group), steps per solution, and the search's accuracy.
 4. Difficulty mix: how many problems have 1-2, 3-5 and 6-8 events (``DIFFICULTY_BANDS``; the test split
-   draws MIN_OPS..MAX_OPS uniformly), and per band the single-sample and beam-search accuracies.
+   draws 1..8 events with toy_core.EVENT_WEIGHTS), and per band the single-sample and beam-search accuracies.
 
 Writes ``toy_stats.json`` under ``--out`` (if given) and prints a Markdown table.
 """

@@ -41,7 +41,7 @@ class GeneratorRecipe:
 
     shape: ModelShape = field(default_factory=ModelShape)
     pretrain: TrainPlan = field(default_factory=lambda: TrainPlan(steps=600, lr=2e-3, warmup=100))
-    finetune: TrainPlan = field(default_factory=lambda: TrainPlan(steps=1500, lr=1.5e-3, warmup=100))
+    finetune: TrainPlan = field(default_factory=lambda: TrainPlan(steps=3000, lr=1.5e-3, warmup=100))
     batch_size: int = 32
     slips: SlipRates = field(default_factory=lambda: SlipRates(hard=0.55))
 

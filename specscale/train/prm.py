@@ -46,7 +46,7 @@ class PrmRecipe:
     """Everything that defines the PRM's training run."""
 
     drill_plan: TrainPlan = field(default_factory=lambda: TrainPlan(steps=300, lr=1e-3, warmup=50))
-    plan: TrainPlan = field(default_factory=lambda: TrainPlan(steps=2500, lr=1e-3, warmup=100))
+    plan: TrainPlan = field(default_factory=lambda: TrainPlan(steps=3500, lr=1e-3, warmup=100))
     batch_size: int = 32
     sampled_problems: int = 1500
     samples_per_problem: int = 4
