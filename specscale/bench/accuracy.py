@@ -70,7 +70,7 @@ def measure(stack, args, problems, cells) -> list[dict]:
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (variant, n) in interleaved(cells, args.repeats):
             seed = args.seed + repeat
-            bar.note(f"seed {seed} {variant} N={n}")
+            bar.set_postfix_str(f"seed {seed} {variant} N={n}")
             preset, config = cell_config(variant, n, args)
             requests = search_requests(stack, problems, preset, seed, tag=f"{variant} N={n} ", **config)
             batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, bar)

@@ -125,7 +125,7 @@ class CellPool:
             records = []
             with garbage_collected_rarely():
                 for cell in cells:
-                    bar.note(label(cell))
+                    bar.set_postfix_str(label(cell))
                     records.append(run_on_fresh_stack(run_cell, args, cell, bar))
             return records
         order = sorted(range(len(cells)), key=lambda i: -weight(cells[i])) if weight else range(len(cells))
@@ -141,8 +141,8 @@ class CellPool:
             pending: set[Future] = set(futures)
             while pending:
                 _, pending = wait(pending, timeout=PROGRESS_POLL_S, return_when=FIRST_COMPLETED)
-                bar.update(finished_requests.value - bar.done)
-                bar.note(f"{len(cells) - len(pending)}/{len(cells)} cells done, {workers} workers")
+                bar.update(finished_requests.value - bar.n)
+                bar.set_postfix_str(f"{len(cells) - len(pending)}/{len(cells)} cells done, {workers} workers")
             records: list[dict] = [{}] * len(cells)
             for future, i in futures.items():
                 records[i] = future.result()  # a worker's error is raised here

@@ -105,7 +105,7 @@ def measure(stack, args, problems) -> tuple[list[dict], dict]:
     runs, searches = [], {}
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (variant, n) in interleaved(cells, args.repeats):
-            bar.note(f"repeat {repeat} {variant} N={n}")
+            bar.set_postfix_str(f"repeat {repeat} {variant} N={n}")
             generator, verifier = stack.backends()
             generator, verifier = TimedGenerator(generator, stack.clock), TimedVerifier(verifier, stack.clock)
             runtime = fresh_runtime(stack, args.max_concurrency, generator=generator, verifier=verifier)

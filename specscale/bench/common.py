@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from specscale.evaluation.progress import Progress
+from tqdm import tqdm
 
 from specscale.bench.stack import PROBLEM_SET_SEED, BenchStack, RealStack, SimulatedStack
 from specscale.pipeline import Pipeline, PipelineConfig
@@ -315,9 +315,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def progress_bar(total: int, description: str) -> Progress:
-    """A tqdm bar on a terminal; off one (a log, a pipe), a line with the ETA now and then."""
-    return Progress(total, description)
+def progress_bar(total: int, description: str) -> tqdm:
+    # disable=None: drawn on a terminal only, so a log or a pipe does not collect thousands of redraws
+    return tqdm(total=total, desc=description, unit="req", dynamic_ncols=True, file=sys.stderr, disable=None)
 
 
 # ---- outputs --------------------------------------------------------------------------------------

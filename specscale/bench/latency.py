@@ -92,7 +92,7 @@ def measure(stack, args, problems, cells, rates) -> list[dict]:
     runs = []
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (variant, n, rate) in interleaved(cells, args.repeats):
-            bar.note(f"repeat {repeat} {variant} N={n} {rate:.2f} req/s")
+            bar.set_postfix_str(f"repeat {repeat} {variant} N={n} {rate:.2f} req/s")
             arrivals = arrival_times(len(problems), rate, args.burstiness, [args.seed, repeat, rates.index(rate)])
             requests = search_requests(stack, problems, variant, args.seed, **search_settings(args, n))
             latencies = serve_open_loop(stack, args.max_concurrency, requests, arrivals, bar)

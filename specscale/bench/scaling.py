@@ -61,7 +61,7 @@ def measure(stack, args, cells) -> list[dict]:
     runs = []
     with progress_bar(total, NAME) as bar:
         for repeat, (variant, n, concurrency) in interleaved(cells, args.repeats):
-            bar.note(f"repeat {repeat} {variant} N={n} concurrency {concurrency}")
+            bar.set_postfix_str(f"repeat {repeat} {variant} N={n} concurrency {concurrency}")
             mine = problems[: args.waves * concurrency]
             requests = search_requests(stack, mine, variant, args.seed, **search_settings(args, n))
             batch = run_batch(fresh_runtime(stack, concurrency), requests, bar)

@@ -72,7 +72,7 @@ def measure(stack, args, problems, cells, points) -> list[dict]:
     runs = []
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (label, n) in interleaved(cells, args.repeats):
-            bar.note(f"repeat {repeat} {label} N={n}")
+            bar.set_postfix_str(f"repeat {repeat} {label} N={n}")
             point = points[label]
             requests = search_requests(stack, problems, point["preset"], args.seed,
                                        **search_settings(args, n), **point["overrides"])

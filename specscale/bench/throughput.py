@@ -72,7 +72,7 @@ def measure(stack, args, problems, cells) -> list[dict]:
             return CellPool(args.workers).run(run_cell, args, runs, bar, label=cell_label, weight=cell_weight)
         records = []
         for run in runs:
-            bar.note(cell_label(run))
+            bar.set_postfix_str(cell_label(run))
             records.append(run_cell(stack, args, run, bar, problems))
         return records
 
