@@ -27,9 +27,13 @@ import argparse
 import json
 import os
 
-# OpenMP threads that spin while they wait make torch many times slower whenever another process is busy
-# (a shared machine); sleeping waits cost little on an idle one. Must be set before torch loads.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A speed benchmark runs on a dedicated, idle machine, so every engine runs at its best OpenMP wait policy
+# (measured here, 0.5B shape, bf16, batch 32, docs/BENCHMARKS.md "Real-size models"): torch's libgomp
+# (our engine, transformers) with spinning waits, ACTIVE (500 tok/s against 400 with PASSIVE, the package's
+# default for shared machines); vLLM-CPU's libiomp5 at its own default (376 tok/s; PASSIVE 297, ACTIVE 151),
+# so its subprocess gets no OMP_WAIT_POLICY (`run_vllm`). Must be set before torch loads; an explicit
+# OMP_WAIT_POLICY in the environment wins (for ours and transformers).
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 import platform
 import statistics
 import subprocess
@@ -108,7 +112,9 @@ def run_local(args, model: str, memory: dict | None = None) -> dict:
         if not args.skip_transformers:
             hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(args.device).eval()
             timers["transformers"] = lambda p, n: time_transformers(hf, p, n, args.temperature)
-        decode_rate(timers["specscale"], prompts(2, args.prompt_len, vocab), 4)  # warm-up (kernel build, allocator)
+        for name, timer in timers.items():  # warm-up at every batch size: kernel build, allocator, oneDNN plans
+            for batch in args.batch_sizes:
+                decode_rate(timer, prompts(batch, args.prompt_len, vocab), 4)
         for repeat in range(args.repeats):
             for batch in args.batch_sizes:
                 batch_prompts = prompts(batch, args.prompt_len, vocab)
@@ -129,6 +135,7 @@ def run_vllm(args, model: str) -> dict:
                "--temperature", str(args.temperature), "--repeats", str(args.repeats),
                "--batch-sizes", *map(str, args.batch_sizes), "--dtypes", *args.dtypes]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env.pop("OMP_WAIT_POLICY", None)  # libiomp5's default is vLLM-CPU's fastest (see the top of this file)
     preload = [Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), VLLM_PYTHON.parent.parent / "lib" / "libiomp5.so"]
     env["LD_PRELOAD"] = ":".join(str(p) for p in preload if p.is_file())  # vLLM-CPU's tuned settings
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
@@ -205,7 +212,9 @@ def main() -> None:
     command = "python benchmarks/engine_throughput.py " + " ".join(sys.argv[1:])
     head = (f"Command: `{command.strip()}`  \nMachine: {machine(args.device)}  \n"
             f"Prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, T = {args.temperature}, "
-            f"median of {args.repeats} interleaved repeats.\n\n")
+            f"median of {args.repeats} interleaved repeats, every engine warmed up at every batch size first. "
+            f"OpenMP wait policy: {os.environ['OMP_WAIT_POLICY']} for specscale and transformers, "
+            "vLLM-CPU's default (libiomp5).\n\n")
     if args.shapes:
         text, kind = head + real_size_report(args), "-real"
     else:

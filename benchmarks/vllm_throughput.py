@@ -41,7 +41,9 @@ def main():
             llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params, use_tqdm=False)
             return time.perf_counter() - start
 
-        timed(prompts(2, args.prompt_len, config["vocab_size"]), 8)
+        for batch in args.batch_sizes:  # warm-up at every batch size, as the parent script does for its engines
+            timed(prompts(batch, args.prompt_len, config["vocab_size"]), 4)
+            timed(prompts(batch, args.prompt_len, config["vocab_size"]), 1)
         for repeat in range(args.repeats):
             for batch in args.batch_sizes:
                 p = prompts(batch, args.prompt_len, config["vocab_size"])
