@@ -515,6 +515,10 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor key_cache, torch::Ten
 // small model. They compute in fp32 and round to the activation dtype T exactly where the plain-torch
 // path (model/transformer.py) rounds, so both paths agree to the last bit in fp32 and to about one
 // unit in the last place in bf16/fp16 (where only the order of a sum may differ).
+//
+// fp32 and bf16 rows run 16 lanes at a time on AVX-512 (a masked last chunk for the tail, no scratch
+// buffers); fp16 and builds without AVX-512 take the portable row functions. A call forks threads only
+// when it has enough elements to repay the fork (rows_per_task): a decode step's calls are small.
 
 // Round fp32 values in place to what T can hold (a no-op for fp32): the rounding of one torch op in T.
 template <typename T>
@@ -530,9 +534,108 @@ static inline void round_to(float* values, int64_t n) {
   for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(static_cast<T>(values[i]));
 }
 
+// Rows per parallel task so that a task covers at least kTaskElements elements of its call: below that
+// the call runs on the calling thread alone (a [32, 896] norm is a few microseconds of work, about what
+// waking a second thread costs).
+static constexpr int64_t kTaskElements = 64 * 1024;
+static inline int64_t rows_per_task(int64_t elements_per_row) {
+  return std::max<int64_t>(1, kTaskElements / std::max<int64_t>(1, elements_per_row));
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The types whose rows run 16 lanes at a time.
+template <typename T>
+constexpr bool lanes16 = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
+
+static inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
+
+// Elements [0, n) of p widened to fp32 (n <= 16; the other lanes are 0 and nothing past p + n is read).
+static inline __m512 load_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first_lanes(n), p); }
+static inline __m512 load_n(const c10::BFloat16* p, int64_t n) {
+  const __m256i raw = _mm256_maskz_loadu_epi16(first_lanes(n), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// Each lane rounded to bf16 as bf16_bits rounds (nearest even, NaN -> 0x7FC0), kept in the top 16 bits.
+static inline __m512i bf16_rounded_bits(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))), nan,
+                               _mm512_set1_epi32(0x7FC00000));
+}
+
+// round_to for 16 lanes.
+template <typename T>
+static inline __m512 round16(__m512 v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return _mm512_castsi512_ps(bf16_rounded_bits(v));
+  return v;
+}
+
+// Lanes [0, n) of v narrowed to T and stored at p.
+static inline void store_n(float* p, __m512 v, int64_t n) { _mm512_mask_storeu_ps(p, first_lanes(n), v); }
+static inline void store_n(c10::BFloat16* p, __m512 v, int64_t n) {
+  const __m256i halves = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rounded_bits(v), 16));
+  _mm256_mask_storeu_epi16(p, first_lanes(n), halves);
+}
+#else
+template <typename T>
+constexpr bool lanes16 = false;
+#endif
+
+// ---- residual add + RMSNorm ----
 // residual' = x + residual (rounded to T), out = weight * rms_norm(residual'):
 //   fp32: x * rsqrt(mean(x^2) + eps) * w;  bf16/fp16: normalise in fp32, round to T, then scale by w.
-// Without a residual, residual' is x itself. The residual is updated in place.
+// Without a residual (nullptr), residual' is x itself. The residual row is updated in place.
+template <typename T>
+static void add_rms_norm_row_portable(const T* x, T* residual, const T* weight, T* out, int64_t h, float eps) {
+  thread_local std::vector<float> buffers;
+  buffers.resize(3 * h);
+  float *row = buffers.data(), *w = row + h, *other = w + h;
+  widen(weight, w, h);
+  widen(x, row, h);
+  if (residual != nullptr) {
+    widen(residual, other, h);
+    for (int64_t i = 0; i < h; ++i) row[i] += other[i];
+    round_to<T>(row, h);
+    narrow(row, residual, h);
+  }
+  float sum = 0.f;
+  for (int64_t i = 0; i < h; ++i) sum += row[i] * row[i];
+  const float inv_rms = 1.f / std::sqrt(sum / static_cast<float>(h) + eps);
+  for (int64_t i = 0; i < h; ++i) row[i] *= inv_rms;
+  round_to<T>(row, h);
+  for (int64_t i = 0; i < h; ++i) row[i] *= w[i];
+  narrow(row, out, h);
+}
+
+template <typename T>
+static void add_rms_norm_row(const T* x, T* residual, const T* weight, T* out, int64_t h, float eps) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (lanes16<T>) {
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t i = 0; i < h; i += 16) {  // the add (rounded to T), written back, and the sum of squares
+      __m512 v = load_n(x + i, h - i);
+      if (residual != nullptr) {
+        v = round16<T>(_mm512_add_ps(v, load_n(residual + i, h - i)));
+        store_n(residual + i, v, h - i);
+      }
+      squares = _mm512_fmadd_ps(v, v, squares);
+    }
+    const float inv_rms = 1.f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(h) + eps);
+    const __m512 scale = _mm512_set1_ps(inv_rms);
+    const T* normed = residual != nullptr ? residual : x;  // residual' as just stored (exactly v above)
+    for (int64_t i = 0; i < h; i += 16) {
+      const __m512 v = round16<T>(_mm512_mul_ps(load_n(normed + i, h - i), scale));
+      store_n(out + i, _mm512_mul_ps(v, load_n(weight + i, h - i)), h - i);
+    }
+    return;
+  }
+#endif
+  add_rms_norm_row_portable(x, residual, weight, out, h, eps);
+}
+
 torch::Tensor add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor weight,
                            double eps) {
   // x, residual [T, h] contiguous; weight [h]
@@ -544,34 +647,24 @@ torch::Tensor add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residua
     scalar_t* rp = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
     const scalar_t* wp = weight.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(h), w(h), other(h);
-      widen(wp, w.data(), h);
-      for (int64_t r = begin; r < end; ++r) {
-        widen(xp + r * h, row.data(), h);
-        if (rp != nullptr) {
-          widen(rp + r * h, other.data(), h);
-          for (int64_t i = 0; i < h; ++i) row[i] += other[i];
-          round_to<scalar_t>(row.data(), h);
-          narrow(row.data(), rp + r * h, h);
-        }
-        float sum = 0.f;
-        for (int64_t i = 0; i < h; ++i) sum += row[i] * row[i];
-        const float inv_rms = 1.f / std::sqrt(sum / static_cast<float>(h) + static_cast<float>(eps));
-        for (int64_t i = 0; i < h; ++i) row[i] *= inv_rms;
-        round_to<scalar_t>(row.data(), h);
-        for (int64_t i = 0; i < h; ++i) row[i] *= w[i];
-        narrow(row.data(), op + r * h, h);
-      }
+    at::parallel_for(0, rows, rows_per_task(h), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        add_rms_norm_row(xp + r * h, rp == nullptr ? nullptr : rp + r * h, wp, op + r * h, h,
+                         static_cast<float>(eps));
     });
   });
   return out;
 }
 
+// ---- RoPE + KV-cache write ----
 // Rotate-half RoPE of one head in fp32 with T's roundings: y = x*cos + rotate_half(x)*sin, where
 // rotate_half(x) = [-x[half:], x[:half]].
 template <typename T>
-static inline void rotate_head(float* x, const float* cos, const float* sin, int64_t D, float* a, float* b) {
+static void rotate_head_portable(const T* head, const float* cos, const float* sin, int64_t D, T* dst) {
+  thread_local std::vector<float> buffers;
+  buffers.resize(3 * D);
+  float *x = buffers.data(), *a = x + D, *b = a + D;
+  widen(head, x, D);
   const int64_t half = D / 2;
   for (int64_t i = 0; i < D; ++i) {
     const float rotated = i < half ? -x[i + half] : x[i - half];
@@ -581,6 +674,40 @@ static inline void rotate_head(float* x, const float* cos, const float* sin, int
   round_to<T>(a, D);
   round_to<T>(b, D);
   for (int64_t i = 0; i < D; ++i) x[i] = a[i] + b[i];
+  narrow(x, dst, D);
+}
+
+// The same for one token's heads (count of them, D apart) with cos / sin straight from T's tables:
+// y_low = x_low*cos_low - x_high*sin_low, y_high = x_high*cos_high + x_low*sin_high, each product rounded
+// to T (-(x*s) rounds as x*s does, and a + (-b) is a - b).
+template <typename T>
+static void rotate_heads(const T* heads, const T* cos, const T* sin, int64_t count, int64_t D, T* const* dsts) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (lanes16<T>) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < half; i += 16) {
+      const int64_t n = half - i;
+      const __m512 cos_low = load_n(cos + i, n), cos_high = load_n(cos + half + i, n);
+      const __m512 sin_low = load_n(sin + i, n), sin_high = load_n(sin + half + i, n);
+      for (int64_t h = 0; h < count; ++h) {
+        const __m512 low = load_n(heads + h * D + i, n), high = load_n(heads + h * D + half + i, n);
+        const __m512 y_low = _mm512_sub_ps(round16<T>(_mm512_mul_ps(low, cos_low)),
+                                           round16<T>(_mm512_mul_ps(high, sin_low)));
+        const __m512 y_high = _mm512_add_ps(round16<T>(_mm512_mul_ps(high, cos_high)),
+                                            round16<T>(_mm512_mul_ps(low, sin_high)));
+        store_n(dsts[h] + i, y_low, n);
+        store_n(dsts[h] + half + i, y_high, n);
+      }
+    }
+    return;
+  }
+#endif
+  thread_local std::vector<float> table_rows;
+  table_rows.resize(2 * D);
+  widen(cos, table_rows.data(), D);
+  widen(sin, table_rows.data() + D, D);
+  for (int64_t h = 0; h < count; ++h)
+    rotate_head_portable(heads + h * D, table_rows.data(), table_rows.data() + D, D, dsts[h]);
 }
 
 // From the fused qkv projection [T, (H + 2 KVH) * D]: rotate q and k at each token's position, write
@@ -589,8 +716,8 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::T
                             torch::Tensor sin_table, torch::Tensor key_cache, torch::Tensor value_cache,
                             torch::Tensor slot_mapping, int64_t H, int64_t KVH) {
   // positions, slot_mapping [T] int64; cos/sin tables [P, D]; caches [NB, BS, KVH, D] contiguous
-  TORCH_CHECK(qkv.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(),
-              "rope_write_kv: contiguous inputs expected");
+  TORCH_CHECK(qkv.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous() &&
+              cos_table.is_contiguous() && sin_table.is_contiguous(), "rope_write_kv: contiguous inputs expected");
   positions = positions.contiguous();
   slot_mapping = slot_mapping.contiguous();
   const int64_t tokens = qkv.size(0), D = cos_table.size(1), width = qkv.size(1);
@@ -605,29 +732,28 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::T
     scalar_t* kc = key_cache.data_ptr<scalar_t>();
     scalar_t* vc = value_cache.data_ptr<scalar_t>();
     scalar_t* qp = q.data_ptr<scalar_t>();
-    at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
-      std::vector<float> cos(D), sin(D), head(D), a(D), b(D);
+    at::parallel_for(0, tokens, rows_per_task(width), [&](int64_t begin, int64_t end) {
+      thread_local std::vector<scalar_t*> dsts;
+      dsts.resize(H + KVH);
       for (int64_t t = begin; t < end; ++t) {
-        widen(cp + pos[t] * D, cos.data(), D);
-        widen(sp + pos[t] * D, sin.data(), D);
-        const scalar_t* row = in + t * width;
-        for (int64_t h = 0; h < H + KVH; ++h) {  // q heads, then k heads
-          widen(row + h * D, head.data(), D);
-          rotate_head<scalar_t>(head.data(), cos.data(), sin.data(), D, a.data(), b.data());
-          scalar_t* dst = h < H ? qp + (t * H + h) * D : kc + (slots[t] * KVH + (h - H)) * D;
-          narrow(head.data(), dst, D);
-        }
-        std::memcpy(vc + slots[t] * KVH * D, row + (H + KVH) * D, KVH * D * sizeof(scalar_t));
+        for (int64_t h = 0; h < H + KVH; ++h)  // q heads to q, then k heads to their cache slot
+          dsts[h] = h < H ? qp + (t * H + h) * D : kc + (slots[t] * KVH + (h - H)) * D;
+        rotate_heads(in + t * width, cp + pos[t] * D, sp + pos[t] * D, H + KVH, D, dsts.data());
+        std::memcpy(vc + slots[t] * KVH * D, in + t * width + (H + KVH) * D, KVH * D * sizeof(scalar_t));
       }
     });
   });
   return q;
 }
 
+// ---- silu(gate) * up ----
 // silu(gate) * up from the fused gate_up projection [T, 2I] -> [T, I]; silu(x) = x / (1 + exp(-x)),
 // rounded to T before the product, as F.silu(gate) * up rounds.
 template <typename T>
-static void silu_mul_row(const T* gate_up, T* out, int64_t I, float* gate, float* up) {
+static void silu_mul_row_portable(const T* gate_up, T* out, int64_t I) {
+  thread_local std::vector<float> buffers;
+  buffers.resize(2 * I);
+  float *gate = buffers.data(), *up = gate + I;
   widen(gate_up, gate, I);
   widen(gate_up + I, up, I);
   int64_t i = 0;
@@ -644,6 +770,23 @@ static void silu_mul_row(const T* gate_up, T* out, int64_t I, float* gate, float
   narrow(gate, out, I);
 }
 
+template <typename T>
+static void silu_mul_row(const T* gate_up, T* out, int64_t I) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (lanes16<T>) {
+    const __m512 one = _mm512_set1_ps(1.f);
+    for (int64_t i = 0; i < I; i += 16) {
+      const __m512 gate = load_n(gate_up + i, I - i), up = load_n(gate_up + I + i, I - i);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
+      const __m512 silu = round16<T>(_mm512_div_ps(gate, _mm512_add_ps(one, e)));
+      store_n(out + i, _mm512_mul_ps(silu, up), I - i);
+    }
+    return;
+  }
+#endif
+  silu_mul_row_portable(gate_up, out, I);
+}
+
 torch::Tensor silu_mul(torch::Tensor gate_up) {
   TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(1) % 2 == 0, "silu_mul: contiguous [T, 2I] expected");
   const int64_t rows = gate_up.size(0), I = gate_up.size(1) / 2;
@@ -651,9 +794,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
     const scalar_t* in = gate_up.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-      std::vector<float> gate(I), up(I);
-      for (int64_t r = begin; r < end; ++r) silu_mul_row<scalar_t>(in + r * 2 * I, op + r * I, I, gate.data(), up.data());
+    at::parallel_for(0, rows, rows_per_task(4 * I), [&](int64_t begin, int64_t end) {  // exp: ~4x a norm's work
+      for (int64_t r = begin; r < end; ++r) silu_mul_row<scalar_t>(in + r * 2 * I, op + r * I, I);
     });
   });
   return out;
