@@ -819,17 +819,20 @@ static inline __m512i splitmix64_8(__m512i z) {
   z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), _mm512_set1_epi64(0x94D049BB133111EBll));
   return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
 }
-// 16 uniforms for counters c0 .. c0 + 15
-static inline __m512 uniform16(uint64_t key, uint64_t c0) {
+// The top 24 bits k of the generator's 16 draws for counters c0 .. c0 + 15 (U = (k + 0.5) / 2^24).
+static inline __m512i draws16(uint64_t key, uint64_t c0) {
   const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
   const __m512i golden = _mm512_set1_epi64(static_cast<long long>(kGolden));
   const __m512i base = _mm512_set1_epi64(static_cast<long long>(key + c0 * kGolden));
   const __m512i low = _mm512_add_epi64(base, _mm512_mullo_epi64(lane, golden));
   const __m512i high = _mm512_add_epi64(low, _mm512_set1_epi64(static_cast<long long>(8 * kGolden)));
-  const __m256 u_low = _mm512_cvtepi64_ps(_mm512_srli_epi64(splitmix64_8(low), 40));
-  const __m256 u_high = _mm512_cvtepi64_ps(_mm512_srli_epi64(splitmix64_8(high), 40));
-  const __m512 k = _mm512_insertf32x8(_mm512_castps256_ps512(u_low), u_high, 1);
-  return _mm512_mul_ps(_mm512_add_ps(k, _mm512_set1_ps(0.5f)), _mm512_set1_ps(0x1p-24f));
+  const __m256i k_low = _mm512_cvtepi64_epi32(_mm512_srli_epi64(splitmix64_8(low), 40));
+  const __m256i k_high = _mm512_cvtepi64_epi32(_mm512_srli_epi64(splitmix64_8(high), 40));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(k_low), k_high, 1);
+}
+// U = (k + 0.5) / 2^24 for 16 draws, rounded as uniform_of rounds (k < 2^24 converts exactly)
+static inline __m512 uniform16(__m512i k) {
+  return _mm512_mul_ps(_mm512_add_ps(_mm512_cvtepi32_ps(k), _mm512_set1_ps(0.5f)), _mm512_set1_ps(0x1p-24f));
 }
 // log(x) for x in (0, 1]: x = m 2^e with m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(s), s = (m-1)/(m+1),
 // by its series to s^9 (|s| <= 0.172: relative error ~1e-9 before float rounding).
@@ -848,32 +851,92 @@ static inline __m512 log16(__m512 x) {
   poly = _mm512_fmadd_ps(poly, s2, _mm512_set1_ps(2.f));
   return _mm512_fmadd_ps(e, _mm512_set1_ps(0.69314718055994531f), _mm512_mul_ps(poly, s));
 }
+// G(U) = log(-log U) of 16 draws, the noise a score subtracts: score = l / T - G(U).
+static inline __m512 race_noise16(__m512i k) {
+  return log16(_mm512_sub_ps(_mm512_setzero_ps(), log16(uniform16(k))));
+}
+
+// Pruning that leaves the winner as it is. G decreases in U, so within a run of logits whose largest
+// l / T is A, a draw with U < u = exp(-exp(A - best + slack)) scores below `best`, the best score so far,
+// and neither it nor anything after it can make it the winner (the winner is the first index of the
+// largest score). log16's G is within 1e-6 of log(-log U) at every one of the 2^24 values of U; the
+// slack (1e-3 plus 2^-16 of |best|) covers that and the rounding of the score. Returns the smallest k
+// that may still win (0: every draw may).
+static inline int32_t first_contender(float largest_scaled_logit, float best) {
+  const double gap = static_cast<double>(largest_scaled_logit) - best + 1e-3 + std::fabs(best) * 0x1p-16;
+  if (!(gap < 4.0)) return 0;  // NaN, or u < e^-54: no draw can be ruled out
+  const double u = std::exp(-std::exp(gap));
+  // (k + 0.5) / 2^24 < u for every k below the result, whatever the float rounding of k + 0.5
+  return std::max<int32_t>(0, static_cast<int32_t>(std::floor(u * 0x1p24 - 0.5)) - 1);
+}
+
+// The largest logit of n (a multiple of 16), NaN ignored.
+template <typename T>
+static inline float largest_logit(const T* logits, int64_t n) {
+  __m512 largest = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) largest = _mm512_max_ps(load16(logits + i), largest);  // NaN loses
+  return _mm512_reduce_max_ps(largest);
+}
+
+// The best score and its first index in each of 16 lanes (lane j: indices j mod 16).
+struct RaceLanes {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  __m512i index = _mm512_setzero_si512();
+  float overall = -INFINITY;  // the largest of `best`
+  // Scores of indices i .. i + 15; returns whether the overall best rose.
+  bool update(__m512 score, int64_t i) {
+    const __mmask16 better = _mm512_cmp_ps_mask(score, best, _CMP_GT_OQ);
+    if (better == 0) return false;
+    const __m512i at = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(i)),
+                                        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+    best = _mm512_mask_mov_ps(best, better, score);
+    index = _mm512_mask_mov_epi32(index, better, at);
+    const float previous = overall;
+    overall = _mm512_reduce_max_ps(best);
+    return overall > previous;
+  }
+  // The best over all lanes, ties to the lowest index.
+  void merge(float& best_score, int64_t& best_index) const {
+    float lanes[16];
+    int32_t indices[16];
+    _mm512_storeu_ps(lanes, best);
+    _mm512_storeu_si512(indices, index);
+    for (int l = 0; l < 16; ++l)
+      if (lanes[l] > best_score || (lanes[l] == best_score && indices[l] < best_index))
+        best_score = lanes[l], best_index = indices[l];
+  }
+};
+
+static constexpr int64_t kRaceRun = 4096;  // logits per run of first_contender: a few exps per 4096 draws
 #endif
 
 // The race on logits, in log space: argmax_i p_i / E_i = argmax_i (l_i / T - log E_i) when p = softmax(l / T),
 // so no softmax, no normalisation and no fp32 copy of bf16 logits is needed; -inf logits (filtered) never win.
+// Vectors of 16 draws that first_contender rules out skip their two logarithms (most of them, once the
+// first few hundred draws have set a best score); the winner is the one the full race picks.
 template <typename T>
 static int64_t race_one_logits(const T* logits, int64_t V, float inv_temperature, uint64_t key, uint64_t c0) {
   float best = -INFINITY;
   int64_t best_index = 0, i = 0;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
   const __m512 scale = _mm512_set1_ps(inv_temperature);
-  __m512 best16 = _mm512_set1_ps(-INFINITY);
-  __m512i index16 = _mm512_setzero_si512(), at = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  for (; i + 16 <= V; i += 16) {
-    const __m512 exponential = _mm512_sub_ps(_mm512_setzero_ps(), log16(uniform16(key, c0 + i)));
-    const __m512 score = _mm512_sub_ps(_mm512_mul_ps(load16(logits + i), scale), log16(exponential));
-    const __mmask16 better = _mm512_cmp_ps_mask(score, best16, _CMP_GT_OQ);
-    best16 = _mm512_mask_mov_ps(best16, better, score);
-    index16 = _mm512_mask_mov_epi32(index16, better, at);
-    at = _mm512_add_epi32(at, _mm512_set1_epi32(16));
+  const int64_t whole = V / 16 * 16;
+  RaceLanes lanes;
+  for (int64_t run = 0; run < whole; run += kRaceRun) {
+    const int64_t run_end = std::min(whole, run + kRaceRun);
+    // l / T rounds monotonically for 1 / T > 0, so this is the largest scaled logit of the run
+    const float largest = inv_temperature > 0.f ? largest_logit(logits + run, run_end - run) * inv_temperature
+                                                : INFINITY;
+    __m512i first = _mm512_set1_epi32(first_contender(largest, lanes.overall));
+    for (i = run; i < run_end; i += 16) {
+      const __m512i k = draws16(key, c0 + i);
+      if (_mm512_cmp_epi32_mask(k, first, _MM_CMPINT_NLT) == 0) continue;  // no draw can win
+      const __m512 score = _mm512_sub_ps(_mm512_mul_ps(load16(logits + i), scale), race_noise16(k));
+      if (lanes.update(score, i)) first = _mm512_set1_epi32(first_contender(largest, lanes.overall));
+    }
   }
-  float lanes[16];
-  int32_t indices[16];
-  _mm512_storeu_ps(lanes, best16);
-  _mm512_storeu_si512(indices, index16);
-  for (int l = 0; l < 16; ++l)
-    if (lanes[l] > best || (lanes[l] == best && indices[l] < best_index)) best = lanes[l], best_index = indices[l];
+  i = whole;
+  lanes.merge(best, best_index);
 #endif
   for (; i < V; ++i) {
     const float exponential = -std::log(uniform_of(splitmix64(key + (c0 + i) * kGolden)));
