@@ -269,8 +269,16 @@ static void decode_task_avx512(const T* q, const T* kc, const T* vc, const int32
     }
   }
   exp_normalisers(scores, G, ctx, stride, inv);
+  // HEADS heads' accumulators (HEADS L registers) and a V row (L) within 32 registers: every V row is read
+  // once per HEADS heads (4 for head_dim <= 64: a 7-head group reads the values twice, not four times)
   int64_t j = 0;
-  if constexpr (L <= 8)  // two heads' accumulators (2 L registers) and a V row (L) fit in 32 registers
+  if constexpr (L <= 4)
+    for (; j + 4 <= G; j += 4)
+      weighted_values<T, L, 4>(vc, table, ctx, BS, KVH * D, kh * D, scores + j * stride, stride, inv + j, out + j * D);
+  if constexpr (L <= 5)
+    for (; j + 3 <= G; j += 3)
+      weighted_values<T, L, 3>(vc, table, ctx, BS, KVH * D, kh * D, scores + j * stride, stride, inv + j, out + j * D);
+  if constexpr (L <= 8)
     for (; j + 2 <= G; j += 2)
       weighted_values<T, L, 2>(vc, table, ctx, BS, KVH * D, kh * D, scores + j * stride, stride, inv + j, out + j * D);
   for (; j < G; ++j)
