@@ -587,6 +587,12 @@ static inline void store_n(c10::BFloat16* p, __m512 v, int64_t n) {
   const __m256i halves = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rounded_bits(v), 16));
   _mm256_mask_storeu_epi16(p, first_lanes(n), halves);
 }
+// The same for lanes already rounded to T (round16): only the narrowing is left.
+static inline void store_rounded_n(float* p, __m512 v, int64_t n) { store_n(p, v, n); }
+static inline void store_rounded_n(c10::BFloat16* p, __m512 v, int64_t n) {
+  const __m256i halves = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
+  _mm256_mask_storeu_epi16(p, first_lanes(n), halves);
+}
 #else
 template <typename T>
 constexpr bool lanes16 = false;
@@ -627,7 +633,7 @@ static void add_rms_norm_row(const T* x, T* residual, const T* weight, T* out, i
       __m512 v = load_n(x + i, h - i);
       if (residual != nullptr) {
         v = round16<T>(_mm512_add_ps(v, load_n(residual + i, h - i)));
-        store_n(residual + i, v, h - i);
+        store_rounded_n(residual + i, v, h - i);
       }
       squares = _mm512_fmadd_ps(v, v, squares);
     }
