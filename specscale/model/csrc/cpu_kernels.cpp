@@ -2,7 +2,9 @@
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <strings.h>
 #include <type_traits>
 #include <vector>
 #if defined(__AVX512F__)
@@ -542,12 +544,19 @@ static inline void round_to(float* values, int64_t n) {
   for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(static_cast<T>(values[i]));
 }
 
-// Rows per parallel task so that a task covers at least kTaskElements elements of its call: below that
-// the call runs on the calling thread alone (a [32, 896] norm is a few microseconds of work, about what
-// waking a second thread costs).
-static constexpr int64_t kTaskElements = 64 * 1024;
+// Rows per parallel task so that a task covers at least task_elements() elements of its call: a call with
+// fewer runs on the calling thread alone. Waking sleeping OpenMP threads (OMP_WAIT_POLICY=PASSIVE, the
+// package's default) costs tens of microseconds, spinning ones (ACTIVE) about one (docs/BENCHMARKS.md,
+// "Spinning OpenMP waits"): a [32, 896] norm is ~10 us on one thread, ~7 us on two spinning ones.
+static int64_t task_elements() {
+  static const int64_t elements = [] {
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    return policy != nullptr && strcasecmp(policy, "ACTIVE") == 0 ? int64_t{16 * 1024} : int64_t{64 * 1024};
+  }();
+  return elements;
+}
 static inline int64_t rows_per_task(int64_t elements_per_row) {
-  return std::max<int64_t>(1, kTaskElements / std::max<int64_t>(1, elements_per_row));
+  return std::max<int64_t>(1, task_elements() / std::max<int64_t>(1, elements_per_row));
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -557,10 +566,14 @@ constexpr bool lanes16 = std::is_same_v<T, float> || std::is_same_v<T, c10::BFlo
 
 static inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
 
-// Elements [0, n) of p widened to fp32 (n <= 16; the other lanes are 0 and nothing past p + n is read).
-static inline __m512 load_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first_lanes(n), p); }
+// Elements [0, min(n, 16)) of p widened to fp32 (the other lanes are 0 and nothing past p + n is read).
+// Only a row's last chunk is masked: masked loads and stores are slower on some CPUs (AMD Zen 4).
+static inline __m512 load_n(const float* p, int64_t n) {
+  return n >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(first_lanes(n), p);
+}
 static inline __m512 load_n(const c10::BFloat16* p, int64_t n) {
-  const __m256i raw = _mm256_maskz_loadu_epi16(first_lanes(n), p);
+  const __m256i raw = n >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                              : _mm256_maskz_loadu_epi16(first_lanes(n), p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
@@ -581,18 +594,19 @@ static inline __m512 round16(__m512 v) {
   return v;
 }
 
-// Lanes [0, n) of v narrowed to T and stored at p.
-static inline void store_n(float* p, __m512 v, int64_t n) { _mm512_mask_storeu_ps(p, first_lanes(n), v); }
-static inline void store_n(c10::BFloat16* p, __m512 v, int64_t n) {
-  const __m256i halves = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rounded_bits(v), 16));
-  _mm256_mask_storeu_epi16(p, first_lanes(n), halves);
+// Lanes [0, min(n, 16)) of v, already rounded to T (round16), narrowed and stored at p.
+static inline void store_rounded_n(float* p, __m512 v, int64_t n) {
+  if (n >= 16) return _mm512_storeu_ps(p, v);
+  _mm512_mask_storeu_ps(p, first_lanes(n), v);
 }
-// The same for lanes already rounded to T (round16): only the narrowing is left.
-static inline void store_rounded_n(float* p, __m512 v, int64_t n) { store_n(p, v, n); }
 static inline void store_rounded_n(c10::BFloat16* p, __m512 v, int64_t n) {
   const __m256i halves = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
+  if (n >= 16) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), halves);
   _mm256_mask_storeu_epi16(p, first_lanes(n), halves);
 }
+// The same for any fp32 lanes: rounded to T, then stored.
+template <typename T>
+static inline void store_n(T* p, __m512 v, int64_t n) { store_rounded_n(p, round16<T>(v), n); }
 #else
 template <typename T>
 constexpr bool lanes16 = false;
