@@ -587,10 +587,22 @@ static inline __m512i bf16_rounded_bits(__m512 v) {
                                _mm512_set1_epi32(0x7FC00000));
 }
 
+// The 16 bf16 values of bf16_rounded_bits. These kernels are bound by vector instructions, and rounding
+// the integer way takes 9: where the CPU has it, vcvtneps2bf16 does the same rounding (nearest even) in
+// one, except that it flushes subnormal inputs to zero and keeps a NaN's payload; vectors with either
+// (fpclass: QNaN 0x01, subnormal 0x20, SNaN 0x80) take the integer way, so the bits are the same.
+static inline __m256i bf16_halves(__m512 v) {
+#if defined(__AVX512BF16__)
+  if (_mm512_fpclass_ps_mask(v, 0xA1) == 0) return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+#endif
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rounded_bits(v), 16));
+}
+
 // round_to for 16 lanes.
 template <typename T>
 static inline __m512 round16(__m512 v) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) return _mm512_castsi512_ps(bf16_rounded_bits(v));
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_halves(v)), 16));
   return v;
 }
 
@@ -605,8 +617,12 @@ static inline void store_rounded_n(c10::BFloat16* p, __m512 v, int64_t n) {
   _mm256_mask_storeu_epi16(p, first_lanes(n), halves);
 }
 // The same for any fp32 lanes: rounded to T, then stored.
-template <typename T>
-static inline void store_n(T* p, __m512 v, int64_t n) { store_rounded_n(p, round16<T>(v), n); }
+static inline void store_n(float* p, __m512 v, int64_t n) { store_rounded_n(p, v, n); }
+static inline void store_n(c10::BFloat16* p, __m512 v, int64_t n) {
+  const __m256i halves = bf16_halves(v);
+  if (n >= 16) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), halves);
+  _mm256_mask_storeu_epi16(p, first_lanes(n), halves);
+}
 #else
 template <typename T>
 constexpr bool lanes16 = false;
