@@ -131,6 +131,18 @@ struct KVRowWalker {
   }
 };
 
+// Asks for the next `count` rows of a walk into the cache ahead of their use. In a decode step each layer's
+// K/V blocks were evicted by the weights streamed through since the previous step, and they sit in
+// blocks scattered over the cache, which the hardware prefetchers do not follow.
+template <typename T>
+static inline void prefetch_rows(KVRowWalker<T>& walk, int64_t count, int64_t D) {
+  for (int64_t r = 0; r < count; ++r) {
+    const char* row = reinterpret_cast<const char*>(walk.next());
+    for (int64_t offset = 0; offset < D * static_cast<int64_t>(sizeof(T)); offset += 64)
+      __builtin_prefetch(row + offset);
+  }
+}
+
 // One task = one (sequence, KV head): its G query heads share every K/V row that is loaded.
 // softmax(q.K * scale) V over the context: scores first, then the weighted sum of the values.
 template <typename T>
@@ -234,9 +246,13 @@ static void decode_task_avx512(const T* q, const T* kc, const T* vc, const int32
     for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
   }
   KVRowWalker<T> keys{kc, table, BS, KVH * D, kh * D};
+  KVRowWalker<T> keys_ahead{kc, table, BS, KVH * D, kh * D}, values_ahead{vc, table, BS, KVH * D, kh * D};
+  prefetch_rows<T>(keys_ahead, std::min<int64_t>(16, ctx), D);
   const __m512 score_scale = _mm512_set1_ps(pairs ? scale : 1.f);
   for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
     const int64_t n = std::min<int64_t>(16, ctx - t0);
+    prefetch_rows<T>(keys_ahead, std::min<int64_t>(16, ctx - t0 - n), D);  // the next chunk's keys
+    prefetch_rows<T>(values_ahead, n, D);  // this chunk's values, read after the softmax
 #if defined(__AVX512BF16__)
     if constexpr (pairs) {
       for (int64_t i = 0; i < 16; ++i) {
