@@ -349,6 +349,11 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor key_cache, torch::Tens
       std::vector<float> work;
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / KVH, kh = task % KVH;
+        if (task + 1 < end) {  // the next task's first keys, while this one runs
+          const int64_t next_b = (task + 1) / KVH;
+          KVRowWalker<scalar_t> next_keys{kp, tables + next_b * max_blocks, BS, KVH * D, (task + 1) % KVH * D};
+          prefetch_rows<scalar_t>(next_keys, std::min<int64_t>(16, lens[next_b]), D);
+        }
         const int64_t offset = (b * H + kh * G) * D;
         task_fn(qp + offset, kp, vp, tables + b * max_blocks, lens[b], op + offset, G, D, KVH, BS, kh,
                 static_cast<float>(scale), work);
