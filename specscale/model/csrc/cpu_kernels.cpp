@@ -2,7 +2,9 @@
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <strings.h>
 #include <type_traits>
 #include <vector>
 #if defined(__AVX512F__)
@@ -129,6 +131,18 @@ struct KVRowWalker {
   }
 };
 
+// Asks for the next `count` rows of a walk into the cache ahead of their use. In a decode step each layer's
+// K/V blocks were evicted by the weights streamed through since the previous step, and they sit in
+// blocks scattered over the cache, which the hardware prefetchers do not follow.
+template <typename T>
+static inline void prefetch_rows(KVRowWalker<T>& walk, int64_t count, int64_t D) {
+  for (int64_t r = 0; r < count; ++r) {
+    const char* row = reinterpret_cast<const char*>(walk.next());
+    for (int64_t offset = 0; offset < D * static_cast<int64_t>(sizeof(T)); offset += 64)
+      __builtin_prefetch(row + offset);
+  }
+}
+
 // One task = one (sequence, KV head): its G query heads share every K/V row that is loaded.
 // softmax(q.K * scale) V over the context: scores first, then the weighted sum of the values.
 template <typename T>
@@ -232,9 +246,13 @@ static void decode_task_avx512(const T* q, const T* kc, const T* vc, const int32
     for (int64_t i = 0; i < G * D; ++i) qf[i] *= scale;
   }
   KVRowWalker<T> keys{kc, table, BS, KVH * D, kh * D};
+  KVRowWalker<T> keys_ahead{kc, table, BS, KVH * D, kh * D}, values_ahead{vc, table, BS, KVH * D, kh * D};
+  prefetch_rows<T>(keys_ahead, std::min<int64_t>(16, ctx), D);
   const __m512 score_scale = _mm512_set1_ps(pairs ? scale : 1.f);
   for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
     const int64_t n = std::min<int64_t>(16, ctx - t0);
+    prefetch_rows<T>(keys_ahead, std::min<int64_t>(16, ctx - t0 - n), D);  // the next chunk's keys
+    prefetch_rows<T>(values_ahead, n, D);  // this chunk's values, read after the softmax
 #if defined(__AVX512BF16__)
     if constexpr (pairs) {
       for (int64_t i = 0; i < 16; ++i) {
@@ -269,8 +287,16 @@ static void decode_task_avx512(const T* q, const T* kc, const T* vc, const int32
     }
   }
   exp_normalisers(scores, G, ctx, stride, inv);
+  // HEADS heads' accumulators (HEADS L registers) and a V row (L) within 32 registers: every V row is read
+  // once per HEADS heads (4 for head_dim <= 64: a 7-head group reads the values twice, not four times)
   int64_t j = 0;
-  if constexpr (L <= 8)  // two heads' accumulators (2 L registers) and a V row (L) fit in 32 registers
+  if constexpr (L <= 4)
+    for (; j + 4 <= G; j += 4)
+      weighted_values<T, L, 4>(vc, table, ctx, BS, KVH * D, kh * D, scores + j * stride, stride, inv + j, out + j * D);
+  if constexpr (L <= 5)
+    for (; j + 3 <= G; j += 3)
+      weighted_values<T, L, 3>(vc, table, ctx, BS, KVH * D, kh * D, scores + j * stride, stride, inv + j, out + j * D);
+  if constexpr (L <= 8)
     for (; j + 2 <= G; j += 2)
       weighted_values<T, L, 2>(vc, table, ctx, BS, KVH * D, kh * D, scores + j * stride, stride, inv + j, out + j * D);
   for (; j < G; ++j)
@@ -323,6 +349,11 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor key_cache, torch::Tens
       std::vector<float> work;
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / KVH, kh = task % KVH;
+        if (task + 1 < end) {  // the next task's first keys, while this one runs
+          const int64_t next_b = (task + 1) / KVH;
+          KVRowWalker<scalar_t> next_keys{kp, tables + next_b * max_blocks, BS, KVH * D, (task + 1) % KVH * D};
+          prefetch_rows<scalar_t>(next_keys, std::min<int64_t>(16, lens[next_b]), D);
+        }
         const int64_t offset = (b * H + kh * G) * D;
         task_fn(qp + offset, kp, vp, tables + b * max_blocks, lens[b], op + offset, G, D, KVH, BS, kh,
                 static_cast<float>(scale), work);
@@ -515,6 +546,10 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor key_cache, torch::Ten
 // small model. They compute in fp32 and round to the activation dtype T exactly where the plain-torch
 // path (model/transformer.py) rounds, so both paths agree to the last bit in fp32 and to about one
 // unit in the last place in bf16/fp16 (where only the order of a sum may differ).
+//
+// fp32 and bf16 rows run 16 lanes at a time on AVX-512 (a masked last chunk for the tail, no scratch
+// buffers); fp16 and builds without AVX-512 take the portable row functions. A call forks threads only
+// when it has enough elements to repay the fork (rows_per_task): a decode step's calls are small.
 
 // Round fp32 values in place to what T can hold (a no-op for fp32): the rounding of one torch op in T.
 template <typename T>
@@ -530,9 +565,142 @@ static inline void round_to(float* values, int64_t n) {
   for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(static_cast<T>(values[i]));
 }
 
+// Rows per parallel task so that a task covers at least task_elements() elements of its call: a call with
+// fewer runs on the calling thread alone. Waking sleeping OpenMP threads (OMP_WAIT_POLICY=PASSIVE, the
+// package's default) costs tens of microseconds, spinning ones (ACTIVE) about one (docs/BENCHMARKS.md,
+// "Spinning OpenMP waits"): a [32, 896] norm is ~10 us on one thread, ~7 us on two spinning ones.
+static int64_t task_elements() {
+  static const int64_t elements = [] {
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    return policy != nullptr && strcasecmp(policy, "ACTIVE") == 0 ? int64_t{16 * 1024} : int64_t{64 * 1024};
+  }();
+  return elements;
+}
+static inline int64_t rows_per_task(int64_t elements_per_row) {
+  return std::max<int64_t>(1, task_elements() / std::max<int64_t>(1, elements_per_row));
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The types whose rows run 16 lanes at a time.
+template <typename T>
+constexpr bool lanes16 = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
+
+static inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
+
+// Elements [0, min(n, 16)) of p widened to fp32 (the other lanes are 0 and nothing past p + n is read).
+// Only a row's last chunk is masked: masked loads and stores are slower on some CPUs (AMD Zen 4).
+static inline __m512 load_n(const float* p, int64_t n) {
+  return n >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(first_lanes(n), p);
+}
+static inline __m512 load_n(const c10::BFloat16* p, int64_t n) {
+  const __m256i raw = n >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                              : _mm256_maskz_loadu_epi16(first_lanes(n), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// Each lane rounded to bf16 as bf16_bits rounds (nearest even, NaN -> 0x7FC0), kept in the top 16 bits.
+static inline __m512i bf16_rounded_bits(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))), nan,
+                               _mm512_set1_epi32(0x7FC00000));
+}
+
+// The 16 bf16 values of bf16_rounded_bits. These kernels are bound by vector instructions, and rounding
+// the integer way takes 9: where the CPU has it, vcvtneps2bf16 does the same rounding (nearest even) in
+// one, except that it flushes subnormal inputs to zero and keeps a NaN's payload; vectors with either
+// (fpclass: QNaN 0x01, subnormal 0x20, SNaN 0x80) take the integer way, so the bits are the same.
+static inline __m256i bf16_halves(__m512 v) {
+#if defined(__AVX512BF16__)
+  if (_mm512_fpclass_ps_mask(v, 0xA1) == 0) return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+#endif
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rounded_bits(v), 16));
+}
+
+// round_to for 16 lanes.
+template <typename T>
+static inline __m512 round16(__m512 v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_halves(v)), 16));
+  return v;
+}
+
+// Lanes [0, min(n, 16)) of v, already rounded to T (round16), narrowed and stored at p.
+static inline void store_rounded_n(float* p, __m512 v, int64_t n) {
+  if (n >= 16) return _mm512_storeu_ps(p, v);
+  _mm512_mask_storeu_ps(p, first_lanes(n), v);
+}
+static inline void store_rounded_n(c10::BFloat16* p, __m512 v, int64_t n) {
+  const __m256i halves = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
+  if (n >= 16) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), halves);
+  _mm256_mask_storeu_epi16(p, first_lanes(n), halves);
+}
+// The same for any fp32 lanes: rounded to T, then stored.
+static inline void store_n(float* p, __m512 v, int64_t n) { store_rounded_n(p, v, n); }
+static inline void store_n(c10::BFloat16* p, __m512 v, int64_t n) {
+  const __m256i halves = bf16_halves(v);
+  if (n >= 16) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), halves);
+  _mm256_mask_storeu_epi16(p, first_lanes(n), halves);
+}
+#else
+template <typename T>
+constexpr bool lanes16 = false;
+#endif
+
+// ---- residual add + RMSNorm ----
 // residual' = x + residual (rounded to T), out = weight * rms_norm(residual'):
 //   fp32: x * rsqrt(mean(x^2) + eps) * w;  bf16/fp16: normalise in fp32, round to T, then scale by w.
-// Without a residual, residual' is x itself. The residual is updated in place.
+// Without a residual (nullptr), residual' is x itself. The residual row is updated in place.
+template <typename T>
+static void add_rms_norm_row_portable(const T* x, T* residual, const T* weight, T* out, int64_t h, float eps) {
+  thread_local std::vector<float> buffers;
+  buffers.resize(3 * h);
+  float *row = buffers.data(), *w = row + h, *other = w + h;
+  widen(weight, w, h);
+  widen(x, row, h);
+  if (residual != nullptr) {
+    widen(residual, other, h);
+    for (int64_t i = 0; i < h; ++i) row[i] += other[i];
+    round_to<T>(row, h);
+    narrow(row, residual, h);
+  }
+  float sum = 0.f;
+  for (int64_t i = 0; i < h; ++i) sum += row[i] * row[i];
+  const float inv_rms = 1.f / std::sqrt(sum / static_cast<float>(h) + eps);
+  for (int64_t i = 0; i < h; ++i) row[i] *= inv_rms;
+  round_to<T>(row, h);
+  for (int64_t i = 0; i < h; ++i) row[i] *= w[i];
+  narrow(row, out, h);
+}
+
+template <typename T>
+static void add_rms_norm_row(const T* x, T* residual, const T* weight, T* out, int64_t h, float eps) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (lanes16<T>) {
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t i = 0; i < h; i += 16) {  // the add (rounded to T), written back, and the sum of squares
+      __m512 v = load_n(x + i, h - i);
+      if (residual != nullptr) {
+        v = round16<T>(_mm512_add_ps(v, load_n(residual + i, h - i)));
+        store_rounded_n(residual + i, v, h - i);
+      }
+      squares = _mm512_fmadd_ps(v, v, squares);
+    }
+    const float inv_rms = 1.f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(h) + eps);
+    const __m512 scale = _mm512_set1_ps(inv_rms);
+    const T* normed = residual != nullptr ? residual : x;  // residual' as just stored (exactly v above)
+    for (int64_t i = 0; i < h; i += 16) {
+      const __m512 v = round16<T>(_mm512_mul_ps(load_n(normed + i, h - i), scale));
+      store_n(out + i, _mm512_mul_ps(v, load_n(weight + i, h - i)), h - i);
+    }
+    return;
+  }
+#endif
+  add_rms_norm_row_portable(x, residual, weight, out, h, eps);
+}
+
 torch::Tensor add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor weight,
                            double eps) {
   // x, residual [T, h] contiguous; weight [h]
@@ -544,34 +712,24 @@ torch::Tensor add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residua
     scalar_t* rp = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
     const scalar_t* wp = weight.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(h), w(h), other(h);
-      widen(wp, w.data(), h);
-      for (int64_t r = begin; r < end; ++r) {
-        widen(xp + r * h, row.data(), h);
-        if (rp != nullptr) {
-          widen(rp + r * h, other.data(), h);
-          for (int64_t i = 0; i < h; ++i) row[i] += other[i];
-          round_to<scalar_t>(row.data(), h);
-          narrow(row.data(), rp + r * h, h);
-        }
-        float sum = 0.f;
-        for (int64_t i = 0; i < h; ++i) sum += row[i] * row[i];
-        const float inv_rms = 1.f / std::sqrt(sum / static_cast<float>(h) + static_cast<float>(eps));
-        for (int64_t i = 0; i < h; ++i) row[i] *= inv_rms;
-        round_to<scalar_t>(row.data(), h);
-        for (int64_t i = 0; i < h; ++i) row[i] *= w[i];
-        narrow(row.data(), op + r * h, h);
-      }
+    at::parallel_for(0, rows, rows_per_task(h), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        add_rms_norm_row(xp + r * h, rp == nullptr ? nullptr : rp + r * h, wp, op + r * h, h,
+                         static_cast<float>(eps));
     });
   });
   return out;
 }
 
+// ---- RoPE + KV-cache write ----
 // Rotate-half RoPE of one head in fp32 with T's roundings: y = x*cos + rotate_half(x)*sin, where
 // rotate_half(x) = [-x[half:], x[:half]].
 template <typename T>
-static inline void rotate_head(float* x, const float* cos, const float* sin, int64_t D, float* a, float* b) {
+static void rotate_head_portable(const T* head, const float* cos, const float* sin, int64_t D, T* dst) {
+  thread_local std::vector<float> buffers;
+  buffers.resize(3 * D);
+  float *x = buffers.data(), *a = x + D, *b = a + D;
+  widen(head, x, D);
   const int64_t half = D / 2;
   for (int64_t i = 0; i < D; ++i) {
     const float rotated = i < half ? -x[i + half] : x[i - half];
@@ -581,6 +739,40 @@ static inline void rotate_head(float* x, const float* cos, const float* sin, int
   round_to<T>(a, D);
   round_to<T>(b, D);
   for (int64_t i = 0; i < D; ++i) x[i] = a[i] + b[i];
+  narrow(x, dst, D);
+}
+
+// The same for one token's heads (count of them, D apart) with cos / sin straight from T's tables:
+// y_low = x_low*cos_low - x_high*sin_low, y_high = x_high*cos_high + x_low*sin_high, each product rounded
+// to T (-(x*s) rounds as x*s does, and a + (-b) is a - b).
+template <typename T>
+static void rotate_heads(const T* heads, const T* cos, const T* sin, int64_t count, int64_t D, T* const* dsts) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (lanes16<T>) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < half; i += 16) {
+      const int64_t n = half - i;
+      const __m512 cos_low = load_n(cos + i, n), cos_high = load_n(cos + half + i, n);
+      const __m512 sin_low = load_n(sin + i, n), sin_high = load_n(sin + half + i, n);
+      for (int64_t h = 0; h < count; ++h) {
+        const __m512 low = load_n(heads + h * D + i, n), high = load_n(heads + h * D + half + i, n);
+        const __m512 y_low = _mm512_sub_ps(round16<T>(_mm512_mul_ps(low, cos_low)),
+                                           round16<T>(_mm512_mul_ps(high, sin_low)));
+        const __m512 y_high = _mm512_add_ps(round16<T>(_mm512_mul_ps(high, cos_high)),
+                                            round16<T>(_mm512_mul_ps(low, sin_high)));
+        store_n(dsts[h] + i, y_low, n);
+        store_n(dsts[h] + half + i, y_high, n);
+      }
+    }
+    return;
+  }
+#endif
+  thread_local std::vector<float> table_rows;
+  table_rows.resize(2 * D);
+  widen(cos, table_rows.data(), D);
+  widen(sin, table_rows.data() + D, D);
+  for (int64_t h = 0; h < count; ++h)
+    rotate_head_portable(heads + h * D, table_rows.data(), table_rows.data() + D, D, dsts[h]);
 }
 
 // From the fused qkv projection [T, (H + 2 KVH) * D]: rotate q and k at each token's position, write
@@ -589,8 +781,8 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::T
                             torch::Tensor sin_table, torch::Tensor key_cache, torch::Tensor value_cache,
                             torch::Tensor slot_mapping, int64_t H, int64_t KVH) {
   // positions, slot_mapping [T] int64; cos/sin tables [P, D]; caches [NB, BS, KVH, D] contiguous
-  TORCH_CHECK(qkv.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(),
-              "rope_write_kv: contiguous inputs expected");
+  TORCH_CHECK(qkv.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous() &&
+              cos_table.is_contiguous() && sin_table.is_contiguous(), "rope_write_kv: contiguous inputs expected");
   positions = positions.contiguous();
   slot_mapping = slot_mapping.contiguous();
   const int64_t tokens = qkv.size(0), D = cos_table.size(1), width = qkv.size(1);
@@ -605,29 +797,28 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::T
     scalar_t* kc = key_cache.data_ptr<scalar_t>();
     scalar_t* vc = value_cache.data_ptr<scalar_t>();
     scalar_t* qp = q.data_ptr<scalar_t>();
-    at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
-      std::vector<float> cos(D), sin(D), head(D), a(D), b(D);
+    at::parallel_for(0, tokens, rows_per_task(width), [&](int64_t begin, int64_t end) {
+      thread_local std::vector<scalar_t*> dsts;
+      dsts.resize(H + KVH);
       for (int64_t t = begin; t < end; ++t) {
-        widen(cp + pos[t] * D, cos.data(), D);
-        widen(sp + pos[t] * D, sin.data(), D);
-        const scalar_t* row = in + t * width;
-        for (int64_t h = 0; h < H + KVH; ++h) {  // q heads, then k heads
-          widen(row + h * D, head.data(), D);
-          rotate_head<scalar_t>(head.data(), cos.data(), sin.data(), D, a.data(), b.data());
-          scalar_t* dst = h < H ? qp + (t * H + h) * D : kc + (slots[t] * KVH + (h - H)) * D;
-          narrow(head.data(), dst, D);
-        }
-        std::memcpy(vc + slots[t] * KVH * D, row + (H + KVH) * D, KVH * D * sizeof(scalar_t));
+        for (int64_t h = 0; h < H + KVH; ++h)  // q heads to q, then k heads to their cache slot
+          dsts[h] = h < H ? qp + (t * H + h) * D : kc + (slots[t] * KVH + (h - H)) * D;
+        rotate_heads(in + t * width, cp + pos[t] * D, sp + pos[t] * D, H + KVH, D, dsts.data());
+        std::memcpy(vc + slots[t] * KVH * D, in + t * width + (H + KVH) * D, KVH * D * sizeof(scalar_t));
       }
     });
   });
   return q;
 }
 
+// ---- silu(gate) * up ----
 // silu(gate) * up from the fused gate_up projection [T, 2I] -> [T, I]; silu(x) = x / (1 + exp(-x)),
 // rounded to T before the product, as F.silu(gate) * up rounds.
 template <typename T>
-static void silu_mul_row(const T* gate_up, T* out, int64_t I, float* gate, float* up) {
+static void silu_mul_row_portable(const T* gate_up, T* out, int64_t I) {
+  thread_local std::vector<float> buffers;
+  buffers.resize(2 * I);
+  float *gate = buffers.data(), *up = gate + I;
   widen(gate_up, gate, I);
   widen(gate_up + I, up, I);
   int64_t i = 0;
@@ -644,6 +835,23 @@ static void silu_mul_row(const T* gate_up, T* out, int64_t I, float* gate, float
   narrow(gate, out, I);
 }
 
+template <typename T>
+static void silu_mul_row(const T* gate_up, T* out, int64_t I) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (lanes16<T>) {
+    const __m512 one = _mm512_set1_ps(1.f);
+    for (int64_t i = 0; i < I; i += 16) {
+      const __m512 gate = load_n(gate_up + i, I - i), up = load_n(gate_up + I + i, I - i);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
+      const __m512 silu = round16<T>(_mm512_div_ps(gate, _mm512_add_ps(one, e)));
+      store_n(out + i, _mm512_mul_ps(silu, up), I - i);
+    }
+    return;
+  }
+#endif
+  silu_mul_row_portable(gate_up, out, I);
+}
+
 torch::Tensor silu_mul(torch::Tensor gate_up) {
   TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(1) % 2 == 0, "silu_mul: contiguous [T, 2I] expected");
   const int64_t rows = gate_up.size(0), I = gate_up.size(1) / 2;
@@ -651,9 +859,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
     const scalar_t* in = gate_up.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-      std::vector<float> gate(I), up(I);
-      for (int64_t r = begin; r < end; ++r) silu_mul_row<scalar_t>(in + r * 2 * I, op + r * I, I, gate.data(), up.data());
+    at::parallel_for(0, rows, rows_per_task(4 * I), [&](int64_t begin, int64_t end) {  // exp: ~4x a norm's work
+      for (int64_t r = begin; r < end; ++r) silu_mul_row<scalar_t>(in + r * 2 * I, op + r * I, I);
     });
   });
   return out;
@@ -677,17 +884,20 @@ static inline __m512i splitmix64_8(__m512i z) {
   z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), _mm512_set1_epi64(0x94D049BB133111EBll));
   return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
 }
-// 16 uniforms for counters c0 .. c0 + 15
-static inline __m512 uniform16(uint64_t key, uint64_t c0) {
+// The top 24 bits k of the generator's 16 draws for counters c0 .. c0 + 15 (U = (k + 0.5) / 2^24).
+static inline __m512i draws16(uint64_t key, uint64_t c0) {
   const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
   const __m512i golden = _mm512_set1_epi64(static_cast<long long>(kGolden));
   const __m512i base = _mm512_set1_epi64(static_cast<long long>(key + c0 * kGolden));
   const __m512i low = _mm512_add_epi64(base, _mm512_mullo_epi64(lane, golden));
   const __m512i high = _mm512_add_epi64(low, _mm512_set1_epi64(static_cast<long long>(8 * kGolden)));
-  const __m256 u_low = _mm512_cvtepi64_ps(_mm512_srli_epi64(splitmix64_8(low), 40));
-  const __m256 u_high = _mm512_cvtepi64_ps(_mm512_srli_epi64(splitmix64_8(high), 40));
-  const __m512 k = _mm512_insertf32x8(_mm512_castps256_ps512(u_low), u_high, 1);
-  return _mm512_mul_ps(_mm512_add_ps(k, _mm512_set1_ps(0.5f)), _mm512_set1_ps(0x1p-24f));
+  const __m256i k_low = _mm512_cvtepi64_epi32(_mm512_srli_epi64(splitmix64_8(low), 40));
+  const __m256i k_high = _mm512_cvtepi64_epi32(_mm512_srli_epi64(splitmix64_8(high), 40));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(k_low), k_high, 1);
+}
+// U = (k + 0.5) / 2^24 for 16 draws, rounded as uniform_of rounds (k < 2^24 converts exactly)
+static inline __m512 uniform16(__m512i k) {
+  return _mm512_mul_ps(_mm512_add_ps(_mm512_cvtepi32_ps(k), _mm512_set1_ps(0.5f)), _mm512_set1_ps(0x1p-24f));
 }
 // log(x) for x in (0, 1]: x = m 2^e with m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(s), s = (m-1)/(m+1),
 // by its series to s^9 (|s| <= 0.172: relative error ~1e-9 before float rounding).
@@ -706,32 +916,92 @@ static inline __m512 log16(__m512 x) {
   poly = _mm512_fmadd_ps(poly, s2, _mm512_set1_ps(2.f));
   return _mm512_fmadd_ps(e, _mm512_set1_ps(0.69314718055994531f), _mm512_mul_ps(poly, s));
 }
+// G(U) = log(-log U) of 16 draws, the noise a score subtracts: score = l / T - G(U).
+static inline __m512 race_noise16(__m512i k) {
+  return log16(_mm512_sub_ps(_mm512_setzero_ps(), log16(uniform16(k))));
+}
+
+// Pruning that leaves the winner as it is. G decreases in U, so within a run of logits whose largest
+// l / T is A, a draw with U < u = exp(-exp(A - best + slack)) scores below `best`, the best score so far,
+// and neither it nor anything after it can make it the winner (the winner is the first index of the
+// largest score). log16's G is within 1e-6 of log(-log U) at every one of the 2^24 values of U; the
+// slack (1e-3 plus 2^-16 of |best|) covers that and the rounding of the score. Returns the smallest k
+// that may still win (0: every draw may).
+static inline int32_t first_contender(float largest_scaled_logit, float best) {
+  const double gap = static_cast<double>(largest_scaled_logit) - best + 1e-3 + std::fabs(best) * 0x1p-16;
+  if (!(gap < 4.0)) return 0;  // NaN, or u < e^-54: no draw can be ruled out
+  const double u = std::exp(-std::exp(gap));
+  // (k + 0.5) / 2^24 < u for every k below the result, whatever the float rounding of k + 0.5
+  return std::max<int32_t>(0, static_cast<int32_t>(std::floor(u * 0x1p24 - 0.5)) - 1);
+}
+
+// The largest logit of n (a multiple of 16), NaN ignored.
+template <typename T>
+static inline float largest_logit(const T* logits, int64_t n) {
+  __m512 largest = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) largest = _mm512_max_ps(load16(logits + i), largest);  // NaN loses
+  return _mm512_reduce_max_ps(largest);
+}
+
+// The best score and its first index in each of 16 lanes (lane j: indices j mod 16).
+struct RaceLanes {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  __m512i index = _mm512_setzero_si512();
+  float overall = -INFINITY;  // the largest of `best`
+  // Scores of indices i .. i + 15; returns whether the overall best rose.
+  bool update(__m512 score, int64_t i) {
+    const __mmask16 better = _mm512_cmp_ps_mask(score, best, _CMP_GT_OQ);
+    if (better == 0) return false;
+    const __m512i at = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(i)),
+                                        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+    best = _mm512_mask_mov_ps(best, better, score);
+    index = _mm512_mask_mov_epi32(index, better, at);
+    const float previous = overall;
+    overall = _mm512_reduce_max_ps(best);
+    return overall > previous;
+  }
+  // The best over all lanes, ties to the lowest index.
+  void merge(float& best_score, int64_t& best_index) const {
+    float lanes[16];
+    int32_t indices[16];
+    _mm512_storeu_ps(lanes, best);
+    _mm512_storeu_si512(indices, index);
+    for (int l = 0; l < 16; ++l)
+      if (lanes[l] > best_score || (lanes[l] == best_score && indices[l] < best_index))
+        best_score = lanes[l], best_index = indices[l];
+  }
+};
+
+static constexpr int64_t kRaceRun = 4096;  // logits per run of first_contender: a few exps per 4096 draws
 #endif
 
 // The race on logits, in log space: argmax_i p_i / E_i = argmax_i (l_i / T - log E_i) when p = softmax(l / T),
 // so no softmax, no normalisation and no fp32 copy of bf16 logits is needed; -inf logits (filtered) never win.
+// Vectors of 16 draws that first_contender rules out skip their two logarithms (most of them, once the
+// first few hundred draws have set a best score); the winner is the one the full race picks.
 template <typename T>
 static int64_t race_one_logits(const T* logits, int64_t V, float inv_temperature, uint64_t key, uint64_t c0) {
   float best = -INFINITY;
   int64_t best_index = 0, i = 0;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
   const __m512 scale = _mm512_set1_ps(inv_temperature);
-  __m512 best16 = _mm512_set1_ps(-INFINITY);
-  __m512i index16 = _mm512_setzero_si512(), at = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  for (; i + 16 <= V; i += 16) {
-    const __m512 exponential = _mm512_sub_ps(_mm512_setzero_ps(), log16(uniform16(key, c0 + i)));
-    const __m512 score = _mm512_sub_ps(_mm512_mul_ps(load16(logits + i), scale), log16(exponential));
-    const __mmask16 better = _mm512_cmp_ps_mask(score, best16, _CMP_GT_OQ);
-    best16 = _mm512_mask_mov_ps(best16, better, score);
-    index16 = _mm512_mask_mov_epi32(index16, better, at);
-    at = _mm512_add_epi32(at, _mm512_set1_epi32(16));
+  const int64_t whole = V / 16 * 16;
+  RaceLanes lanes;
+  for (int64_t run = 0; run < whole; run += kRaceRun) {
+    const int64_t run_end = std::min(whole, run + kRaceRun);
+    // l / T rounds monotonically for 1 / T > 0, so this is the largest scaled logit of the run
+    const float largest = inv_temperature > 0.f ? largest_logit(logits + run, run_end - run) * inv_temperature
+                                                : INFINITY;
+    __m512i first = _mm512_set1_epi32(first_contender(largest, lanes.overall));
+    for (i = run; i < run_end; i += 16) {
+      const __m512i k = draws16(key, c0 + i);
+      if (_mm512_cmp_epi32_mask(k, first, _MM_CMPINT_NLT) == 0) continue;  // no draw can win
+      const __m512 score = _mm512_sub_ps(_mm512_mul_ps(load16(logits + i), scale), race_noise16(k));
+      if (lanes.update(score, i)) first = _mm512_set1_epi32(first_contender(largest, lanes.overall));
+    }
   }
-  float lanes[16];
-  int32_t indices[16];
-  _mm512_storeu_ps(lanes, best16);
-  _mm512_storeu_si512(indices, index16);
-  for (int l = 0; l < 16; ++l)
-    if (lanes[l] > best || (lanes[l] == best && indices[l] < best_index)) best = lanes[l], best_index = indices[l];
+  i = whole;
+  lanes.merge(best, best_index);
 #endif
   for (; i < V; ++i) {
     const float exponential = -std::log(uniform_of(splitmix64(key + (c0 + i) * kGolden)));
