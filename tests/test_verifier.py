@@ -290,6 +290,30 @@ def test_many_paths_in_one_batch_share_cached_prefixes(family, request):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_fresh_paths_of_one_question_in_one_batch_compute_the_question_once(family, request):
+    """A search's first round: N fresh paths of one question. The first runs alone, the others then find the
+    question's full KV blocks in the engine's prefix cache; the scores are those of paths scored alone."""
+    path = prm_dir(request, family)
+    verifier = make_verifier(path)
+    endings = ["So 19 - 5 = 14.", "So 19 - 5 = 13.", "Check: 14 + 5 = 19.", "The answer is \\boxed{14}."]
+    batch = [(QUESTION, [end]) for end in endings] + [("What is 3 * 4 / 2 + 1?", OTHER_STEPS[:1])]
+    results = verifier.score([ScoreRequest(q, s) for q, s in batch])
+    lengths = [len(verifier.format.encode(q, clean_steps(s)).token_ids) for q, s in batch]
+    assert results[0].computed_tokens == lengths[0] and results[-1].computed_tokens == lengths[-1]
+    shared = verifier.engine.block_manager.num_cache_hit_tokens
+    assert shared >= 3 * 8  # each later path of the question reused at least one full 8-token block
+    assert all(r.computed_tokens < n for r, n in zip(results[1:4], lengths[1:4]))
+    assert verifier.stats.computed_tokens == sum(lengths) - shared
+    assert verifier.stats.waves == 2  # the first pass (one path per question), then the others
+    cold = make_verifier(path)
+    for (question, steps), result in zip(batch, results):
+        expected = scores_of(cold, question, steps)
+        assert result.ok and max(abs(a - b) for a, b in zip(result.step_scores, expected)) < 1e-5
+    release(verifier)
+    release(cold)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_over_context_path_gets_an_error_and_the_batch_is_scored(family, request):
     path = prm_dir(request, family)
     fmt_probe = make_verifier(path)

@@ -1,7 +1,8 @@
 """TorchModelRunner: owns the KV pool, turns a scheduled batch into tensors, runs the model and its head.
 
-The forward pass returns last hidden states for every new token; the head (LM head or PRM score head)
-runs only on the rows that need it: the last token of each generating sequence that reaches its end,
+The forward pass returns last hidden states of the rows that need the head (its last layer drops the
+others after attention; model/transformer.py, DecoderModel), and the head (LM head or PRM score head) runs
+on those rows only: the last token of each generating sequence that reaches its end,
 and the requested readout positions of prefill-only sequences (`engine.model_runner.head_positions`).
 """
 
@@ -84,10 +85,11 @@ class TorchModelRunner(ModelRunner):
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         self._copy_blocks(batch.block_copies)
         input_ids, positions, meta = self._prepare(batch)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, hidden]
         head_index, head_rows = self._head_rows(batch)
-        index = torch.tensor(head_index, dtype=torch.long, device=self.device)
-        return RunnerOutput(self.model.compute_head(hidden.index_select(0, index)), head_rows)  # [R, head_size]
+        every_row = head_index == list(range(len(input_ids)))  # a decode-only batch: no rows to drop
+        index = None if every_row else torch.tensor(head_index, dtype=torch.long, device=self.device)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, index)  # [R, hidden], R head rows
+        return RunnerOutput(self.model.compute_head(hidden), head_rows)  # [R, head_size]
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:

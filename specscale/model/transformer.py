@@ -8,6 +8,7 @@ Tokens of a batch are flattened: T = total new tokens of all sequences in this i
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -276,6 +277,20 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(t, -1))
 
 
+# Most rows of one MLP pass on CPU. A long prefill runs its MLP in equal chunks of at most this many tokens so
+# that the [rows, 2I] gate/up output and the [rows, I] product stay in the last-level cache instead of a round
+# trip through memory (8,192 tokens of a 0.5B model: 160 MB; docs/BENCHMARKS.md, "Real-size models"). oneDNN
+# computes a row the same way in any pass of >= 7 rows, and equal chunks hold >= MLP_CHUNK_ROWS / 2 rows, so
+# the result is bit-identical to one pass.
+MLP_CHUNK_ROWS = int(os.environ.get("SPECSCALE_MLP_CHUNK_ROWS", "512"))
+
+
+def equal_chunks(rows: int, most: int) -> range:
+    """Start rows of ceil(rows / most) chunks of (nearly) equal size, each at most `most` rows."""
+    count = -(-rows // most)
+    return range(0, rows, -(-rows // count))
+
+
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -283,6 +298,17 @@ class MLP(nn.Module):
         self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
+        """x [T, h] -> [T, h]; on CPU in chunks of MLP_CHUNK_ROWS tokens (see there)."""
+        rows = x.shape[0]
+        if x.device.type != "cpu" or rows <= MLP_CHUNK_ROWS:
+            return self.project(x, fused)
+        out = torch.empty_like(x)  # [T, h]
+        starts = equal_chunks(rows, MLP_CHUNK_ROWS)
+        for start in starts:
+            out[start : start + starts.step] = self.project(x[start : start + starts.step], fused)
+        return out
+
+    def project(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2I]
         if fused:
             return self.down_proj(cpu_kernels.silu_mul(gate_up))
@@ -298,11 +324,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x, residual, rope: RopeInputs, kv_cache, meta: AttentionMetadata):
-        """(x, residual) -> (mlp output, residual stream before it); the caller adds the two (next norm)."""
+    def forward(self, x, residual, rope: RopeInputs, kv_cache, meta: AttentionMetadata,
+                keep_rows: torch.Tensor | None = None):
+        """(x, residual) -> (mlp output, residual stream before it); the caller adds the two (next norm).
+
+        keep_rows [R]: after attention (every token's K and V are written and every row attends), only these
+        rows go on through o_proj's residual, the norm and the MLP: the output is [R, h]."""
         fused = meta.use_cpu_kernels
         h, residual = self.input_layernorm(x, residual, fused)
         h = self.self_attn(h, rope, kv_cache, meta)
+        if keep_rows is not None:
+            h, residual = h.index_select(0, keep_rows), residual.index_select(0, keep_rows)  # [R, h] each
         h, residual = self.post_attention_layernorm(h, residual, fused)
         return self.mlp(h, fused), residual
 
@@ -316,10 +348,17 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, input_ids, rope: RopeInputs, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids, rope: RopeInputs, kv_caches, meta: AttentionMetadata,
+                output_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [T] -> final hidden states [T, h], or [R, h] for output_rows [R] only.
+
+        Only the last layer can drop rows (its K/V are written for all of them; earlier layers' outputs are
+        every later token's input): the rest of it runs on the R rows a head reads, which for a PRM scoring
+        a step tag every few dozen tokens, or a prompt's prefill, is most of that layer's work saved."""
         x, residual = self.embed_tokens(input_ids), None  # [T, h]; the residual stream is x until layer 0 adds
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, rope, kv_cache, meta)
+        last = len(self.layers) - 1
+        for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            x, residual = layer(x, residual, rope, kv_cache, meta, output_rows if index == last else None)
         return self.norm(x, residual, meta.use_cpu_kernels)[0]
 
 
@@ -353,13 +392,14 @@ class TransformerForCausalLM(nn.Module):
         weight = self.model.embed_tokens.weight
         self.rotary = RotaryTable(self.args, max_positions, weight.device, weight.dtype)
 
-    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata,
+                output_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden] (or [R, hidden] of output_rows [R])."""
         if meta.use_cpu_kernels:  # the kernel reads each token's row of the tables itself
             rope = RopeInputs(positions, self.rotary.cos, self.rotary.sin)
         else:
             rope = RopeInputs(positions, *self.rotary.lookup(positions))
-        return self.model(input_ids, rope, kv_caches, meta)
+        return self.model(input_ids, rope, kv_caches, meta, output_rows)
 
     def compute_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [n, vocab]

@@ -11,7 +11,9 @@ input, forks that sequence (blocks shared, copy-on-write) and extends it with th
 reading out only the new steps. So scoring step k of a path whose steps 1..k-1 were scored computes just
 step k's tokens plus its separator / template tail, and sibling paths that forked in the search all
 share their parent's cached prefix. Fresh paths still get the engine's automatic prefix caching of
-full blocks (the engine never skips a block holding a readout position).
+full blocks (the engine never skips a block holding a readout position); so that the fresh paths of one
+question in one batch (a search's first round: N paths, one question) compute the question once, only the
+first of them runs in the batch's first pass, the others in a second pass that finds its full blocks cached.
 
 Memory. The cache is LRU-bounded by entry count, and after every batch it evicts until a share of the
 KV pool is free. Before each path is started the verifier reserves the blocks it may need, evicting LRU
@@ -214,6 +216,7 @@ class _Path:
     new_scores: tuple[float, ...] = ()
     computed_tokens: int = 0
     copy_of: _Path | None = None  # an identical path of the same batch, computed once
+    question: str = ""
 
     def result(self) -> ScoreResult:
         source = self.copy_of
@@ -267,7 +270,9 @@ class Verifier:
         self._check_open()
         paths = [self._plan(request) for request in requests]
         self._link_copies(paths)
-        self._compute([p for p in paths if p.target is not None and p.copy_of is None])
+        first, later = self._share_questions([p for p in paths if p.target is not None and p.copy_of is None])
+        self._compute(first)
+        self._compute(later)
         self._trim_cache()
         self.stats.paths += len(paths)
         return [path.result() for path in paths]
@@ -305,7 +310,7 @@ class Verifier:
 
     def _plan(self, request: ScoreRequest) -> _Path:
         steps = clean_steps(request.steps)
-        path = _Path(num_steps=len(steps))
+        path = _Path(num_steps=len(steps), question=request.question)
         if not steps:
             path.error = "no non-empty steps to score"
             return path
@@ -328,6 +333,19 @@ class Verifier:
             if path.target is not None:
                 original = first_of.setdefault(path.target.token_ids, path)
                 path.copy_of = original if original is not path else None
+
+    def _share_questions(self, paths: list[_Path]) -> tuple[list[_Path], list[_Path]]:
+        """(first pass, second pass): a fresh path (nothing cached) whose question an earlier fresh path of the
+        batch has waits for the second pass, where the engine's prefix cache holds that question's blocks."""
+        if not self.engine.block_manager.enable_prefix_caching:
+            return paths, []
+        first, later, questions = [], [], set()
+        for path in paths:
+            fresh = self.cache.longest_prefix(path.target, path.keys, touch=False)[1] is None
+            (later if fresh and path.question in questions else first).append(path)
+            if fresh:
+                questions.add(path.question)
+        return first, later
 
     # ---- computing ---------------------------------------------------------------------------
     def _compute(self, paths: list[_Path]) -> None:
