@@ -85,7 +85,7 @@ def run_searches(verifier: Verifier, runs: dict[str, list[list[list[ScoreRequest
     """runs: label -> the rounds of every run (a warm-up, then one per repeat); tokens: label -> input tokens of
     each run. -> run_ours' layout plus "computed": the PRM tokens our verifier ran in the last repeat."""
     seconds, scores, computed = {}, {}, {}
-    for label, label_runs in runs.items():
+    for label_runs in runs.values():
         score_search(verifier, label_runs[0])  # warm-up
     repeats = len(next(iter(runs.values()))) - 1
     for repeat in range(1, repeats + 1):

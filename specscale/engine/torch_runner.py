@@ -86,7 +86,7 @@ class TorchModelRunner(ModelRunner):
         self._copy_blocks(batch.block_copies)
         input_ids, positions, meta = self._prepare(batch)
         head_index, head_rows = self._head_rows(batch)
-        every_row = head_index == list(range(len(input_ids)))  # a decode-only batch: no rows to drop
+        every_row = len(head_index) == len(input_ids)  # distinct, in-batch rows: all of them, nothing to drop
         index = None if every_row else torch.tensor(head_index, dtype=torch.long, device=self.device)
         hidden = self.model(input_ids, positions, self.kv_caches, meta, index)  # [R, hidden], R head rows
         return RunnerOutput(self.model.compute_head(hidden), head_rows)  # [R, head_size]
