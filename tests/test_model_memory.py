@@ -74,7 +74,7 @@ def test_prepacked_linear_keeps_only_the_packed_weight_and_computes_the_same(dty
     weight, bias = linear.weight.detach().clone(), linear.bias.detach().clone()
     if packable:
         linear.prepack()
-    assert (linear.weight is None) == packable and (linear.packed is not None) == packable
+    assert (linear.weight is None) == packable and linear.is_prepacked == packable
     tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
     for rows in (1, 3, 8, 40):
         x = torch.randn(rows, 96, dtype=dtype)

@@ -7,7 +7,10 @@
   that SDPA on the PRM's 8 x 128-token batches on 512-token contexts);
 - fused residual add + RMSNorm, RoPE on q and k + KV-cache write, silu(gate) * up: each replaces a chain
   of small torch ops whose fixed per-call cost dominates a decode iteration of a small model;
-- the exponential-race sampler in one pass (engine/sampler.py).
+- the exponential-race sampler in one pass (engine/sampler.py);
+- a bf16 linear (AVX512-BF16 builds) on a weight packed for it once at load time (model/transformer.py
+  `Linear`): fp32 accumulation, a row's result independent of its batch, and the next weights prefetched
+  while the current ones are multiplied (docs/BENCHMARKS.md, "Real-size models").
 
 All are used together or not at all (TorchModelRunner / EngineConfig.attention_backend). When no compiler is
 available the engine falls back to the plain-torch path behind the same calls.
@@ -96,3 +99,18 @@ def race_sample_logits(logits, inv_temperatures, keys, num_draws: int):
     row) -> [S, num_draws] token ids drawn from softmax(logits / T): each draw argmax_i logits_i / T - log E_i
     with E_i ~ Exp(1) from a counter-based generator keyed by the row's key, in one pass (no softmax)."""
     return _module.race_sample_logits(logits, inv_temperatures, keys, num_draws)
+
+
+def has_bf16_linear() -> bool:
+    """Whether bf16_linear runs here: the kernels compile (on the first call) and the CPU has AVX512-BF16."""
+    return available() and _module.has_bf16_linear()
+
+
+def pack_bf16_linear(weight):
+    """weight [N, K] bf16 (K even) -> the [ceil(N / 48), K / 2, 48, 2] layout bf16_linear reads."""
+    return _module.pack_bf16_linear(weight)
+
+
+def bf16_linear(x, packed, out_features: int, bias=None):
+    """x [M, K] bf16 -> x @ W^T + bias [M, out_features] bf16, summed in fp32, rounded once."""
+    return _module.bf16_linear(x, packed, out_features, bias)

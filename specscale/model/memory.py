@@ -1,8 +1,8 @@
 """ModelMemory: the bytes one loaded model holds (weights, KV pool, RoPE tables) and the process's RSS.
 
-Weights are counted once per storage, so a tied LM head is not counted twice; a oneDNN-prepacked
-weight (model/transformer.py `Linear`) is an opaque tensor without an inspectable storage and counts as
-its element count times its element size. `specscale serve` logs these figures at start-up and serves
+Weights are counted once per storage, so a tied LM head is not counted twice; a prepacked
+weight (model/transformer.py `Linear`: oneDNN's opaque tensor, or our bf16 layout) counts as its element
+count times its element size. `specscale serve` logs these figures at start-up and serves
 them in /health (docs/BENCHMARKS.md, "Real-size models", has the measured figures).
 """
 
@@ -49,9 +49,9 @@ def weight_bytes(model: nn.Module) -> int:
     for tensor in [*model.parameters(), *model.buffers()]:
         total += _storage_bytes_once(tensor, seen)
     for module in model.modules():
-        packed = getattr(module, "packed", None)
-        if packed is not None:
-            total += packed.numel() * packed.element_size()
+        for packed in (getattr(module, "packed", None), getattr(module, "packed_bf16", None)):
+            if packed is not None:
+                total += packed.numel() * packed.element_size()
     return total
 
 

@@ -195,22 +195,35 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose weight can be handed over to oneDNN once at load time (`prepack()`, CPU fp32 / bf16).
+    """nn.Linear whose weight is laid out once at load time for a CPU GEMM (`prepack()`, CPU fp32 / bf16).
 
     For the 1-128-row batches of a small model, torch's F.linear runs at a third (fp32: an sgemm on the
-    plain weight) to a half (bf16: one thread) of the speed of a oneDNN matmul on a weight laid out for it
-    once; the results are the same. A prepacked Linear keeps only the packed weight (one copy of every
-    weight on CPU; docs/BENCHMARKS.md, "Real-size models"): `weight` becomes None unless another module
-    shares it (a tied LM head's embedding table), and every call takes the oneDNN path.
+    plain weight) to a half (bf16: one thread) of the speed of a GEMM on a weight laid out for it once.
+    bf16 on a CPU with AVX512-BF16 takes our kernel (`packed_bf16`, model/cpu_kernels.py): at decode sizes it
+    streams the weights from memory while it multiplies, which oneDNN does not (docs/BENCHMARKS.md,
+    "Real-size models"); fp32, and bf16 elsewhere, take oneDNN's prepacked matmul (`packed`). Either way
+    only the packed weight stays (one copy of every weight on CPU): `weight` becomes None unless another
+    module shares it (a tied LM head's embedding table).
     """
 
-    packed: torch.Tensor | None = None
+    packed: torch.Tensor | None = None  # oneDNN's opaque prepacked weight
+    packed_bf16: torch.Tensor | None = None  # [ceil(out / 48), in / 2, 48, 2] for cpu_kernels.bf16_linear
 
     def prepack(self, batch_size_hint: int = 64) -> None:
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_size=batch_size_hint)
+        weight = self.weight.detach()
+        if weight.dtype == torch.bfloat16 and self.in_features % 2 == 0 and cpu_kernels.has_bf16_linear():
+            self.packed_bf16 = cpu_kernels.pack_bf16_linear(weight)
+        else:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_size=batch_size_hint)
         self.weight = None  # frees the plain copy unless a tied module still holds it
 
+    @property
+    def is_prepacked(self) -> bool:
+        return self.packed is not None or self.packed_bf16 is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] -> [T, out]
+        if self.packed_bf16 is not None:
+            return cpu_kernels.bf16_linear(x, self.packed_bf16, self.out_features, self.bias)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

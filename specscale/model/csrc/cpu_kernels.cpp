@@ -1036,6 +1036,168 @@ torch::Tensor race_sample_logits(torch::Tensor logits, torch::Tensor inv_tempera
   return tokens;
 }
 
+
+// ---- bf16 linear: out = x @ W^T (+ bias), fp32 accumulation (vdpbf16ps) ----
+// W [N, K] is packed once into column blocks of LINEAR_COLUMNS: packed[block][k / 2][column][k % 2], so one
+// 64-byte load holds the (k, k+1) pair of 16 columns (the operand layout of vdpbf16ps). A row tile of up
+// to 8 rows x 48 columns keeps its 24 accumulators in registers over a K chunk; every output element sums
+// its K products in the same order whatever the number of rows, so a row's result does not depend on the
+// batch it is in. The block's weights come from DRAM once per call (a decode step reads every weight once):
+// tile 0 streams them, and tiles 1.. prefetch the next chunk, so memory and arithmetic overlap
+// (docs/BENCHMARKS.md, "Real-size models").
+#if defined(__AVX512BF16__)
+constexpr int64_t LINEAR_COLUMNS = 48;       // 3 zmm of 16 fp32 accumulators per row
+constexpr int64_t LINEAR_ROWS = 8;           // rows per register tile: 8 x 3 = 24 accumulators
+constexpr int64_t LINEAR_CHUNK_PAIRS = 1024; // K pairs per chunk: a 48-column chunk is <= 192 KiB (L2)
+constexpr int64_t LINEAR_GROUP_ROWS = 128;   // rows per pass over the weights: their x rows stay in L2
+
+bool has_bf16_linear() { return true; }
+
+torch::Tensor pack_bf16_linear(torch::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16 && weight.size(1) % 2 == 0,
+              "pack_bf16_linear: a [N, K] bf16 weight with an even K");
+  const int64_t N = weight.size(0), pairs = weight.size(1) / 2;
+  const int64_t blocks = (N + LINEAR_COLUMNS - 1) / LINEAR_COLUMNS;
+  auto packed = torch::zeros({blocks, pairs, LINEAR_COLUMNS, 2}, weight.options());
+  auto plain = weight.contiguous();
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(plain.data_ptr());  // one (k, k+1) pair per word
+  uint32_t* dst = reinterpret_cast<uint32_t*>(packed.data_ptr());
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b)
+      for (int64_t c = 0; c < std::min(LINEAR_COLUMNS, N - b * LINEAR_COLUMNS); ++c)
+        for (int64_t kp = 0; kp < pairs; ++kp)
+          dst[(b * pairs + kp) * LINEAR_COLUMNS + c] = src[(b * LINEAR_COLUMNS + c) * pairs + kp];
+  });
+  return packed;
+}
+
+// The next chunk's bytes [begin, begin + lines * 64), handed out `lines` per `steps` K pairs.
+struct Prefetch {
+  const char* begin = nullptr;
+  int64_t lines = 0, steps = 1;
+};
+
+// Where a tile's finished rows go: rounded to bf16 after the fp32 bias, `columns` of them, rows N apart.
+struct LinearOutput {
+  c10::BFloat16* out;
+  int64_t N, columns;
+  const float* bias;  // nullptr without a bias
+};
+
+static inline void store_linear_row(const __m512* acc, const LinearOutput& o, c10::BFloat16* row) {
+  for (int64_t j = 0; j * 16 < o.columns; ++j) {
+    const int64_t n = o.columns - 16 * j;
+    const __m512 v = o.bias == nullptr ? acc[j] : _mm512_add_ps(acc[j], _mm512_maskz_loadu_ps(first_lanes(n), o.bias + 16 * j));
+    store_n(row + 16 * j, v, n);
+  }
+}
+
+// acc[R rows x 48] (+)= x rows [R, this chunk's pairs] . chunk: the accumulators start at 0 on the first
+// chunk and are kept in `partial` between chunks; after the last one the rows go to `output`.
+template <int R>
+static void linear_tile(const uint32_t* x, int64_t x_pairs, const __m512bh* chunk, int64_t pairs, float* partial,
+                        bool first, bool last, const LinearOutput& output, int64_t row0, Prefetch prefetch) {
+  __m512 acc[R][3];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 3; ++j) acc[r][j] = first ? _mm512_setzero_ps() : _mm512_load_ps(partial + (r * 3 + j) * 16);
+  int64_t line = 0, credit = 0;
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const __m512bh w0 = chunk[3 * kp], w1 = chunk[3 * kp + 1], w2 = chunk[3 * kp + 2];
+    for (credit += prefetch.lines; credit >= prefetch.steps; credit -= prefetch.steps)
+      _mm_prefetch(prefetch.begin + 64 * line++, _MM_HINT_T1);  // to L2: tiles read a chunk from there
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xr = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * x_pairs + kp]));  // (x_k, x_k+1)
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, w0);  // += x_k w_k + x_k+1 w_k+1, 16 columns each
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xr, w2);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (last) {
+      store_linear_row(acc[r], output, output.out + (row0 + r) * output.N);
+    } else {
+      for (int j = 0; j < 3; ++j) _mm512_store_ps(partial + (r * 3 + j) * 16, acc[r][j]);
+    }
+  }
+}
+
+using LinearTile = void (*)(const uint32_t*, int64_t, const __m512bh*, int64_t, float*, bool, bool,
+                            const LinearOutput&, int64_t, Prefetch);
+static constexpr LinearTile linear_tiles[LINEAR_ROWS + 1] = {
+    nullptr, linear_tile<1>, linear_tile<2>, linear_tile<3>, linear_tile<4>,
+    linear_tile<5>, linear_tile<6>, linear_tile<7>, linear_tile<8>};
+
+// One column block over all rows: K chunk by chunk; within a chunk, row tile by row tile. Tiles after the
+// first prefetch the block's next chunk (or the next block's first) while they compute from cache.
+static void linear_block(const uint32_t* x, int64_t M, int64_t pairs, const char* block, const char* next,
+                         float* partial, const LinearOutput& output) {
+  const int64_t tiles = (M + LINEAR_ROWS - 1) / LINEAR_ROWS;
+  const int64_t chunks = (pairs + LINEAR_CHUNK_PAIRS - 1) / LINEAR_CHUNK_PAIRS;
+  const int64_t pair_bytes = LINEAR_COLUMNS * 4;
+  const int64_t helpers = std::max<int64_t>(1, tiles - 1);  // tiles that prefetch
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t kp0 = pairs * c / chunks, kp1 = pairs * (c + 1) / chunks;
+    const char* following = c + 1 < chunks ? block + kp1 * pair_bytes : next;
+    const int64_t following_lines = following == nullptr ? 0 : pair_bytes * (kp1 - kp0) / 64;
+    for (int64_t t = 0; t < tiles; ++t) {
+      Prefetch prefetch;
+      if (following != nullptr && (t > 0 || tiles == 1)) {
+        const int64_t h = tiles == 1 ? 0 : t - 1, l0 = following_lines * h / helpers;
+        prefetch = {following + 64 * l0, following_lines * (h + 1) / helpers - l0, kp1 - kp0};
+      }
+      linear_tiles[std::min(LINEAR_ROWS, M - t * LINEAR_ROWS)](
+          x + t * LINEAR_ROWS * pairs + kp0, pairs, reinterpret_cast<const __m512bh*>(block + kp0 * pair_bytes),
+          kp1 - kp0, partial + t * LINEAR_ROWS * LINEAR_COLUMNS, c == 0, c + 1 == chunks, output,
+          t * LINEAR_ROWS, prefetch);
+    }
+  }
+}
+
+torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && packed.dim() == 4 &&
+              packed.size(1) * 2 == x.size(1) && packed.size(0) * LINEAR_COLUMNS >= out_features,
+              "bf16_linear: x [M, K] bf16 and a weight packed by pack_bf16_linear for this K");
+  auto input = x.contiguous();
+  const int64_t M = input.size(0), pairs = packed.size(1), blocks = packed.size(0), N = out_features;
+  auto out = torch::empty({M, N}, input.options());
+  if (M == 0) return out;
+  torch::Tensor bias32 = bias.has_value() ? bias->to(torch::kFloat32).contiguous() : torch::Tensor();
+  const float* b32 = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+  const uint32_t* xp = reinterpret_cast<const uint32_t*>(input.data_ptr());
+  const char* wp = reinterpret_cast<const char*>(packed.data_ptr());
+  const int64_t block_bytes = pairs * LINEAR_COLUMNS * 4;
+  auto* op = reinterpret_cast<c10::BFloat16*>(out.data_ptr());
+  for (int64_t g0 = 0; g0 < M; g0 += LINEAR_GROUP_ROWS) {  // row groups: see LINEAR_GROUP_ROWS
+    const int64_t rows = std::min(LINEAR_GROUP_ROWS, M - g0);
+    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      // fp32 partial sums of every row tile of one block between K chunks (only when K > 2 * LINEAR_CHUNK_PAIRS)
+      thread_local std::vector<float> buffer;
+      const bool chunked = pairs > LINEAR_CHUNK_PAIRS;
+      buffer.resize(chunked ? ((rows + LINEAR_ROWS - 1) / LINEAR_ROWS) * LINEAR_ROWS * LINEAR_COLUMNS + 16 : 16);
+      float* partial = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+      for (int64_t b = begin; b < end; ++b) {
+        const char* next = b + 1 < end ? wp + (b + 1) * block_bytes : nullptr;
+        const LinearOutput output{op + g0 * N + b * LINEAR_COLUMNS, N, std::min(LINEAR_COLUMNS, N - b * LINEAR_COLUMNS),
+                                  b32 == nullptr ? nullptr : b32 + b * LINEAR_COLUMNS};
+        linear_block(xp + g0 * pairs, rows, pairs, wp + b * block_bytes, next, partial, output);
+      }
+    });
+  }
+  return out;
+}
+#else
+bool has_bf16_linear() { return false; }
+torch::Tensor pack_bf16_linear(torch::Tensor) {
+  TORCH_CHECK(false, "pack_bf16_linear needs an AVX512-BF16 build");
+  return {};
+}
+torch::Tensor bf16_linear(torch::Tensor, torch::Tensor, int64_t, c10::optional<torch::Tensor>) {
+  TORCH_CHECK(false, "bf16_linear needs an AVX512-BF16 build");
+  return {};
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
   m.def("paged_prefill", &paged_prefill, "paged causal prefill attention (CPU, AVX-512)");
@@ -1043,5 +1205,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (CPU)");
   m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k + KV cache write (CPU)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (CPU)");
+  m.def("has_bf16_linear", &has_bf16_linear, "whether bf16_linear is built (AVX512-BF16)");
+  m.def("pack_bf16_linear", &pack_bf16_linear, "a [N, K] bf16 weight in bf16_linear's layout");
+  m.def("bf16_linear", &bf16_linear, "x [M, K] @ W^T (+ bias) on a packed bf16 weight (CPU, AVX512-BF16)");
   m.def("race_sample_logits", &race_sample_logits, "the same race on logits / T in log space (CPU)");
 }
