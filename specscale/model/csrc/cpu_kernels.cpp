@@ -1154,6 +1154,12 @@ static void linear_block(const uint32_t* x, int64_t M, int64_t pairs, const char
   }
 }
 
+// Column blocks per parallel task: a task multiplies at least 64 x task_elements() pairs (~4-16 us), so
+// that a small model's small calls run on the calling thread instead of waking the others.
+static int64_t linear_blocks_per_task(int64_t rows, int64_t pairs) {
+  return std::max<int64_t>(1, 64 * task_elements() / std::max<int64_t>(1, rows * pairs * LINEAR_COLUMNS));
+}
+
 torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && packed.dim() == 4 &&
               packed.size(1) * 2 == x.size(1) && packed.size(0) * LINEAR_COLUMNS >= out_features,
@@ -1168,22 +1174,22 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor packed, int64_t out_fea
   const char* wp = reinterpret_cast<const char*>(packed.data_ptr());
   const int64_t block_bytes = pairs * LINEAR_COLUMNS * 4;
   auto* op = reinterpret_cast<c10::BFloat16*>(out.data_ptr());
-  for (int64_t g0 = 0; g0 < M; g0 += LINEAR_GROUP_ROWS) {  // row groups: see LINEAR_GROUP_ROWS
-    const int64_t rows = std::min(LINEAR_GROUP_ROWS, M - g0);
-    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-      // fp32 partial sums of every row tile of one block between K chunks (only when K > 2 * LINEAR_CHUNK_PAIRS)
-      thread_local std::vector<float> buffer;
-      const bool chunked = pairs > LINEAR_CHUNK_PAIRS;
-      buffer.resize(chunked ? ((rows + LINEAR_ROWS - 1) / LINEAR_ROWS) * LINEAR_ROWS * LINEAR_COLUMNS + 16 : 16);
-      float* partial = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+  at::parallel_for(0, blocks, linear_blocks_per_task(M, pairs), [&](int64_t begin, int64_t end) {
+    // fp32 partial sums of every row tile of one block between K chunks (only when K > 2 * LINEAR_CHUNK_PAIRS)
+    thread_local std::vector<float> buffer;
+    const bool chunked = pairs > LINEAR_CHUNK_PAIRS;
+    buffer.resize(chunked ? LINEAR_GROUP_ROWS * LINEAR_COLUMNS + 16 : 16);
+    float* partial = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+    for (int64_t g0 = 0; g0 < M; g0 += LINEAR_GROUP_ROWS) {  // row groups: see LINEAR_GROUP_ROWS
+      const int64_t rows = std::min(LINEAR_GROUP_ROWS, M - g0);
       for (int64_t b = begin; b < end; ++b) {
         const char* next = b + 1 < end ? wp + (b + 1) * block_bytes : nullptr;
         const LinearOutput output{op + g0 * N + b * LINEAR_COLUMNS, N, std::min(LINEAR_COLUMNS, N - b * LINEAR_COLUMNS),
                                   b32 == nullptr ? nullptr : b32 + b * LINEAR_COLUMNS};
         linear_block(xp + g0 * pairs, rows, pairs, wp + b * block_bytes, next, partial, output);
       }
-    });
-  }
+    }
+  });
   return out;
 }
 #else
