@@ -1063,10 +1063,12 @@ torch::Tensor pack_bf16_linear(torch::Tensor weight) {
   const uint32_t* src = reinterpret_cast<const uint32_t*>(plain.data_ptr());  // one (k, k+1) pair per word
   uint32_t* dst = reinterpret_cast<uint32_t*>(packed.data_ptr());
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b)
-      for (int64_t c = 0; c < std::min(LINEAR_COLUMNS, N - b * LINEAR_COLUMNS); ++c)
-        for (int64_t kp = 0; kp < pairs; ++kp)
+    for (int64_t b = begin; b < end; ++b) {  // writes in order; the block's 48 rows are read side by side
+      const int64_t columns = std::min(LINEAR_COLUMNS, N - b * LINEAR_COLUMNS);
+      for (int64_t kp = 0; kp < pairs; ++kp)
+        for (int64_t c = 0; c < columns; ++c)
           dst[(b * pairs + kp) * LINEAR_COLUMNS + c] = src[(b * LINEAR_COLUMNS + c) * pairs + kp];
+    }
   });
   return packed;
 }
