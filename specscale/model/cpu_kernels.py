@@ -12,8 +12,9 @@
   `Linear`): fp32 accumulation, a row's result independent of its batch, and the next weights prefetched
   while the current ones are multiplied (docs/BENCHMARKS.md, "Real-size models").
 
-All are used together or not at all (TorchModelRunner / EngineConfig.attention_backend). When no compiler is
-available the engine falls back to the plain-torch path behind the same calls.
+All but the linear are used together or not at all (TorchModelRunner / EngineConfig.attention_backend); the
+linear is chosen per weight when the model loads (`Linear.prepack`). When no compiler is available the engine
+falls back to the plain-torch path (and oneDNN for the linears) behind the same calls.
 """
 
 from __future__ import annotations
