@@ -1177,10 +1177,8 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor packed, int64_t out_fea
   const int64_t block_bytes = pairs * LINEAR_COLUMNS * 4;
   auto* op = reinterpret_cast<c10::BFloat16*>(out.data_ptr());
   at::parallel_for(0, blocks, linear_blocks_per_task(M, pairs), [&](int64_t begin, int64_t end) {
-    // fp32 partial sums of every row tile of one block between K chunks (only when K > 2 * LINEAR_CHUNK_PAIRS)
-    thread_local std::vector<float> buffer;
-    const bool chunked = pairs > LINEAR_CHUNK_PAIRS;
-    buffer.resize(chunked ? LINEAR_GROUP_ROWS * LINEAR_COLUMNS + 16 : 16);
+    // fp32 partial sums of one row group's tiles between K chunks (read only when K > 2 * LINEAR_CHUNK_PAIRS)
+    thread_local std::vector<float> buffer(LINEAR_GROUP_ROWS * LINEAR_COLUMNS + 16);
     float* partial = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
     for (int64_t g0 = 0; g0 < M; g0 += LINEAR_GROUP_ROWS) {  // row groups: see LINEAR_GROUP_ROWS
       const int64_t rows = std::min(LINEAR_GROUP_ROWS, M - g0);
