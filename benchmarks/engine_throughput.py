@@ -397,7 +397,8 @@ def checkpoint_folder(name: str) -> str:
 
 
 def gemm_peak(dtype: str, device: str, out_features: int, in_features: int, rows: int = 64) -> float:
-    """GFLOP/s of our Linear (prepacked on CPU) on [rows, in] x [in, out]: median of 7 timed calls."""
+    """GFLOP/s of our Linear (prepacked on CPU) on [rows, in] x [in, out]: median of 25 timed calls after 10
+    untimed ones (the first few calls of a process run at ~70% of the rate: threads, allocator, caches)."""
     from specscale.model.transformer import Linear, can_prepack
 
     torch_dtype = getattr(torch, dtype)
@@ -407,13 +408,13 @@ def gemm_peak(dtype: str, device: str, out_features: int, in_features: int, rows
     x = torch.randn(rows, in_features, device=device, dtype=torch_dtype)
     times = []
     with torch.inference_mode():
-        for _ in range(9):
+        for _ in range(35):
             synchronize(device)
             start = time.perf_counter()
             linear(x)
             synchronize(device)
             times.append(time.perf_counter() - start)
-    return 2 * rows * in_features * out_features / statistics.median(times[2:]) / 1e9
+    return 2 * rows * in_features * out_features / statistics.median(times[10:]) / 1e9
 
 
 if __name__ == "__main__":
