@@ -82,17 +82,22 @@ def test_bf16_decode_attention_matches_fp32_reference(head_dim):
         torch.testing.assert_close(out[b].float(), expected, rtol=0, atol=1e-2)  # one bf16 rounding of the output
 
 
-@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 64), (torch.bfloat16, 48), (torch.float32, 32)])
-def test_prefill_attention_matches_causal_reference(dtype, head_dim):
-    """Chunks of new tokens on top of cached contexts (0, 5, 40 tokens; 16-key blocks cut mid-chunk), through
-    every prefill path this CPU has: the padded SDPA always, the paged kernel where the build has it
-    (AVX-512 builds only)."""
+@pytest.mark.parametrize("dtype,head_dim,heads", [
+    (torch.bfloat16, 64, 6), (torch.bfloat16, 48, 6), (torch.float32, 32, 6),
+    (torch.bfloat16, 64, 14),  # 7 query heads per KV head (Qwen2.5-0.5B / 7B): passes of 4 and 3 heads
+    (torch.bfloat16, 128, 14),  # D = 128: at most 3 heads a pass, so 3 + 2 + 2
+    (torch.float32, 128, 16),  # fp32 widened rows, 8 heads per KV head: 3 + 2 + 3
+])
+def test_prefill_attention_matches_causal_reference(dtype, head_dim, heads):
+    """Chunks of new tokens on top of cached contexts (0, 5, 100 tokens; 16-key blocks cut mid-chunk, up to
+    150 keys, so scores run in passes of several key blocks and a tail), through every prefill path this
+    CPU has: the padded SDPA always, the paged kernel where the build has it (AVX-512 builds only)."""
     torch.manual_seed(0)
-    heads, kv_heads, block_size, num_blocks = 6, 2, 16, 40
-    starts, counts = torch.tensor([0, 5, 40]), torch.tensor([7, 20, 33])
+    kv_heads, block_size, num_blocks = 2, 16, 40
+    starts, counts = torch.tensor([0, 5, 100]), torch.tensor([7, 20, 50])
     key_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
     value_cache = torch.randn_like(key_cache)
-    tables = torch.randperm(num_blocks)[:3 * 6].view(3, 6).to(torch.int32)
+    tables = torch.randperm(num_blocks)[:3 * 10].view(3, 10).to(torch.int32)
     q = torch.randn(int(counts.sum()), heads, head_dim).to(dtype)
     for out in prefill_outputs(q, key_cache, value_cache, tables, starts, counts, head_dim):
         assert_causal_attention(out, q, key_cache, value_cache, tables, starts, counts)

@@ -370,68 +370,93 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor key_cache, torch::Tens
 // horizontal sum), and the V rows widened to fp32; then each query row (token, head) computes its scores,
 // a softmax over its keys 0 .. its position, and the weighted sum of the values.
 #if defined(__AVX512F__)
+// Query heads served together by one pass over a token's keys and values: the weighted sum keeps
+// HEADS x L accumulators and L value vectors in the 32 registers.
+template <int L>
+constexpr int max_prefill_heads = std::min(8, 24 / L);
+// Key blocks scored together for HEADS heads: HEADS x KB accumulators and KB key vectors in registers.
+template <int HEADS>
+constexpr int score_key_blocks = std::min(8, 30 / (HEADS + 1));
+
+// scores[h][16 b .. 16 (b + KB)) = scale * q_h . k for the KB blocks of 16 keys from block b0: every K word
+// is loaded once for the HEADS heads, every query word once for the KB blocks.
+template <typename T, int L, int HEADS, int KB>
+static inline void score_key_blocks_pass(const T* query, const float* qf, const float* transposed, int64_t b0,
+                                         float scale, float* scores, int64_t stride) {
+  constexpr int64_t D = 16 * L;
+  constexpr bool pairs = bf16_pairs<T, L>;
+  constexpr int64_t lanes_per_key = pairs ? D / 2 : D;
+  const float* blocks = transposed + b0 * lanes_per_key * 16;
+  __m512 s[HEADS][KB];
+  for (int h = 0; h < HEADS; ++h)
+    for (int j = 0; j < KB; ++j) s[h][j] = _mm512_setzero_ps();
+  for (int64_t w = 0; w < lanes_per_key; ++w) {
+    __m512 k[KB];  // word w of 16 keys, for each block
+    for (int j = 0; j < KB; ++j) k[j] = _mm512_loadu_ps(blocks + (j * lanes_per_key + w) * 16);
+    for (int h = 0; h < HEADS; ++h) {
+#if defined(__AVX512BF16__)
+      if constexpr (pairs) {
+        const __m512bh qw = (__m512bh)_mm512_set1_epi32(reinterpret_cast<const int32_t*>(query + h * D)[w]);
+        for (int j = 0; j < KB; ++j) s[h][j] = _mm512_dpbf16_ps(s[h][j], qw, (__m512bh)k[j]);  // += q_2w k_2w + q_2w+1 k_2w+1
+      }
+#endif
+      if constexpr (!pairs) {
+        const __m512 qw = _mm512_set1_ps(qf[h * D + w]);
+        for (int j = 0; j < KB; ++j) s[h][j] = _mm512_fmadd_ps(qw, k[j], s[h][j]);
+      }
+    }
+  }
+  for (int h = 0; h < HEADS; ++h)
+    for (int j = 0; j < KB; ++j)
+      _mm512_storeu_ps(scores + h * stride + (b0 + j) * 16, _mm512_mul_ps(s[h][j], _mm512_set1_ps(scale)));
+}
+
 // HEADS query rows of one token (same visible keys): scores against the transposed K blocks, softmax, and
 // the weighted sum of the widened values; every K word and V row loaded once serves all HEADS rows.
 template <typename T, int L, int HEADS>
 static void prefill_rows(const T* query, const float* transposed, const float* values, int64_t visible, float scale,
                          float* scores, float* qf, T* out) {
   constexpr int64_t D = 16 * L;
-  constexpr bool pairs = bf16_pairs<T, L>;
-  constexpr int64_t lanes_per_key = pairs ? D / 2 : D;
+  constexpr int KB = score_key_blocks<HEADS>;
   const int64_t blocks = (visible + 15) / 16, stride = blocks * 16;
-  if constexpr (!pairs) widen(query, qf, HEADS * D);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const float* block = transposed + b * lanes_per_key * 16;
-    __m512 s[HEADS][2];  // two independent sums per head: one chain would wait on each add
-    for (int h = 0; h < HEADS; ++h) s[h][0] = s[h][1] = _mm512_setzero_ps();
-    for (int64_t w = 0; w < lanes_per_key; w += 2) {
-      const __m512 k0 = _mm512_loadu_ps(block + w * 16), k1 = _mm512_loadu_ps(block + (w + 1) * 16);
-      for (int h = 0; h < HEADS; ++h) {
-#if defined(__AVX512BF16__)
-        if constexpr (pairs) {
-          const int32_t* qw = reinterpret_cast<const int32_t*>(query + h * D);
-          s[h][0] = _mm512_dpbf16_ps(s[h][0], (__m512bh)_mm512_set1_epi32(qw[w]), (__m512bh)k0);
-          s[h][1] = _mm512_dpbf16_ps(s[h][1], (__m512bh)_mm512_set1_epi32(qw[w + 1]), (__m512bh)k1);
-        }
-#endif
-        if constexpr (!pairs) {
-          s[h][0] = _mm512_fmadd_ps(_mm512_set1_ps(qf[h * D + w]), k0, s[h][0]);
-          s[h][1] = _mm512_fmadd_ps(_mm512_set1_ps(qf[h * D + w + 1]), k1, s[h][1]);
-        }
-      }
-    }
-    for (int h = 0; h < HEADS; ++h)
-      _mm512_storeu_ps(scores + h * stride + b * 16,
-                       _mm512_mul_ps(_mm512_add_ps(s[h][0], s[h][1]), _mm512_set1_ps(scale)));
-  }
+  if constexpr (!bf16_pairs<T, L>) widen(query, qf, HEADS * D);
+  int64_t b = 0;
+  for (; b + KB <= blocks; b += KB) score_key_blocks_pass<T, L, HEADS, KB>(query, qf, transposed, b, scale, scores, stride);
+  for (; b < blocks; ++b) score_key_blocks_pass<T, L, HEADS, 1>(query, qf, transposed, b, scale, scores, stride);
   float inv[HEADS];
   exp_normalisers(scores, HEADS, visible, stride, inv);
-  __m512 acc[HEADS][2][L];  // even and odd keys: independent chains
+  __m512 acc[HEADS][L];
   for (int h = 0; h < HEADS; ++h)
-    for (int l = 0; l < L; ++l) acc[h][0][l] = acc[h][1][l] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 2 <= visible; k += 2)
-    for (int e = 0; e < 2; ++e) {
-      __m512 row[L];
-      for (int l = 0; l < L; ++l) row[l] = _mm512_loadu_ps(values + (k + e) * D + 16 * l);
-      for (int h = 0; h < HEADS; ++h) {
-        const __m512 weight = _mm512_set1_ps(scores[h * stride + k + e]);
-        for (int l = 0; l < L; ++l) acc[h][e][l] = _mm512_fmadd_ps(weight, row[l], acc[h][e][l]);
-      }
+    for (int l = 0; l < L; ++l) acc[h][l] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < visible; ++k) {
+    __m512 row[L];
+    for (int l = 0; l < L; ++l) row[l] = _mm512_loadu_ps(values + k * D + 16 * l);
+    for (int h = 0; h < HEADS; ++h) {
+      const __m512 weight = _mm512_set1_ps(scores[h * stride + k]);
+      for (int l = 0; l < L; ++l) acc[h][l] = _mm512_fmadd_ps(weight, row[l], acc[h][l]);
     }
-  for (; k < visible; ++k)
-    for (int h = 0; h < HEADS; ++h)
-      for (int l = 0; l < L; ++l)
-        acc[h][0][l] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * stride + k]),
-                                       _mm512_loadu_ps(values + k * D + 16 * l), acc[h][0][l]);
+  }
   for (int h = 0; h < HEADS; ++h) {
     float result[D];
-    for (int l = 0; l < L; ++l)
-      _mm512_storeu_ps(result + 16 * l,
-                       _mm512_mul_ps(_mm512_add_ps(acc[h][0][l], acc[h][1][l]), _mm512_set1_ps(inv[h])));
+    for (int l = 0; l < L; ++l) _mm512_storeu_ps(result + 16 * l, _mm512_mul_ps(acc[h][l], _mm512_set1_ps(inv[h])));
     narrow(result, out + h * D, D);
   }
 }
+
+template <typename T, int L>
+using PrefillRows = void (*)(const T*, const float*, const float*, int64_t, float, float*, float*, T*);
+
+// prefill_rows for 1 .. max_prefill_heads<L> heads at a time (index = heads; nullptr beyond).
+template <typename T, int L, int HEADS>
+constexpr PrefillRows<T, L> prefill_rows_for() {
+  if constexpr (HEADS <= max_prefill_heads<L>) return prefill_rows<T, L, HEADS>;
+  return nullptr;
+}
+template <typename T, int L>
+static constexpr PrefillRows<T, L> prefill_rows_by_heads[9] = {
+    nullptr, prefill_rows_for<T, L, 1>(), prefill_rows_for<T, L, 2>(), prefill_rows_for<T, L, 3>(),
+    prefill_rows_for<T, L, 4>(), prefill_rows_for<T, L, 5>(), prefill_rows_for<T, L, 6>(),
+    prefill_rows_for<T, L, 7>(), prefill_rows_for<T, L, 8>()};
 #endif
 
 #if defined(__AVX512F__)
@@ -443,11 +468,12 @@ static void prefill_task(const T* q, int64_t H, const T* kc, const T* vc, const 
   constexpr bool pairs = bf16_pairs<T, L>;
   constexpr int64_t lanes_per_key = pairs ? D / 2 : D;  // 32-bit words per key in the transposed blocks
   const int64_t keys = start + n, blocks = (keys + 15) / 16;
-  work.resize(blocks * lanes_per_key * 16 + keys * D + 2 * blocks * 16 + 2 * D);
+  constexpr int most = max_prefill_heads<L>;
+  work.resize(blocks * lanes_per_key * 16 + keys * D + most * blocks * 16 + most * D);
   float* transposed = work.data();                        // [blocks][lanes_per_key][16 keys]
   float* values = transposed + blocks * lanes_per_key * 16;  // [keys][D] fp32
-  float* scores = values + keys * D;                      // [2][blocks * 16]
-  float* qf = scores + 2 * blocks * 16;                   // [2][D] query rows widened (fp32 path)
+  float* scores = values + keys * D;                      // [most][blocks * 16]
+  float* qf = scores + most * blocks * 16;                // [most][D] query rows widened (fp32 path)
   uint32_t* words = reinterpret_cast<uint32_t*>(transposed);
   KVRowWalker<T> key_rows{kc, table, BS, KVH * D, kh * D}, value_rows{vc, table, BS, KVH * D, kh * D};
   for (int64_t k = 0; k < blocks * 16; ++k) {
@@ -472,12 +498,12 @@ static void prefill_task(const T* q, int64_t H, const T* kc, const T* vc, const 
     const int64_t visible = start + i + 1;  // keys 0 .. its position
     const T* query = q + ((first_token + i) * H + kh * G) * D;
     T* result = out + ((first_token + i) * H + kh * G) * D;
-    int64_t j = 0;
-    if constexpr (L <= 4)  // two heads: every K word and V row loaded once for both
-      for (; j + 2 <= G; j += 2)
-        prefill_rows<T, L, 2>(query + j * D, transposed, values, visible, scale, scores, qf, result + j * D);
-    for (; j < G; ++j)
-      prefill_rows<T, L, 1>(query + j * D, transposed, values, visible, scale, scores, qf, result + j * D);
+    const int64_t passes = (G + most - 1) / most;  // the G heads in passes of near-equal size
+    for (int64_t p = 0, j = 0; p < passes; ++p) {
+      const int64_t heads = G * (p + 1) / passes - j;
+      prefill_rows_by_heads<T, L>[heads](query + j * D, transposed, values, visible, scale, scores, qf, result + j * D);
+      j += heads;
+    }
   }
 }
 #endif
