@@ -35,6 +35,15 @@ def test_dynamic_branching_subtracts_the_minimum_score():
     assert sum(children([0.91, 0.33, 0.52], 12)) == 12
 
 
+def test_dynamic_branching_keeps_fasttts_epsilon_and_one_child_each_at_m_1():
+    """FastTTS's weights are s - min + 1e-6 (its search/dynamic_branching.py): the weakest copy keeps a tiny
+    weight, which decides near-ties; with as many copies as children it does not reallocate."""
+    assert children([0.8, 0.7, 0.424, 0.14], 8) == [3, 3, 2, 0]  # without the 1e-6: 4 / 3 / 1 / 0
+    assert children([1.0, 0.6, 0.0], 12) == [7, 5, 0]  # 8 / 4 / 0
+    assert children([0.664806, 0.664804], 8) == [6, 2]  # a 2e-6 gap: 8 / 0
+    assert children([0.9, 0.8, 0.7, 0.6], 4) == [1, 1, 1, 1]  # N = 4, M = 1: 2 / 1 / 1 / 0
+
+
 class RecordingVerifier(ScriptedVerifier):
     """Remembers, per PRM call, the (question, number of steps) of every path it scored."""
 

@@ -1,27 +1,31 @@
 """FastTTS's dynamic branching (docs/design.md, "FastTTS"): a retained path's share of the N children grows
 with how far its score lies above the weakest retained path's.
 
-weights w_i = s_i - min_j s_j over the retained logical copies; children_i = N * w_i / sum(w), rounded by
-giving each its floor and the remaining children to the largest fractional parts (ties to the better-ranked
-copy), so they add up to N. When every weight is 0 (all scores equal) the children are spread uniformly,
-so at N = 4 with four equal parents each gets one. Min-subtraction matters: raw scores 0.9 and 0.7 give
-nearly the same share (4 / 4 at N = 8 after rounding), the differences give the whole budget to 0.9.
+weights w_i = s_i - min_j s_j + 1e-6 over the retained logical copies; children_i = N * w_i / sum(w),
+rounded by giving each its floor and the remaining children to the largest fractional parts, so they add up
+to N. As in FastTTS's code (its `search/dynamic_branching.py`): the 1e-6 keeps every weight positive, so
+equal scores spread the children uniformly (at N = 4 with four equal parents each gets one), and when as
+many copies are retained as there are children (M = 1) each simply gets one. FastTTS breaks equal
+fractional parts by a shuffled list order; ours gives them to the better-ranked copy (deterministic, one of
+the orders FastTTS can draw). Min-subtraction matters: raw scores 0.9 and 0.7 give nearly the same share
+(4 / 4 at N = 8 after rounding), the differences give the whole budget to 0.9.
 """
 
 from __future__ import annotations
 
-from specscale.search.policies import cyclic_children
 from specscale.search.tree import Candidate
+
+WEIGHT_EPSILON = 1e-6  # FastTTS's: the weakest retained copy keeps a tiny positive weight
 
 
 def dynamic_children(retained: list[tuple[Candidate, int]], slots: int) -> list[int]:
     """Children per retained logical copy (copies in rank order)."""
     scores = [c.score for c, copies in retained for _ in range(copies)]
+    if len(scores) == slots:  # FastTTS does not reallocate then: one child each
+        return [1] * slots
     floor = min(scores)
-    weights = [s - floor for s in scores]
+    weights = [s - floor + WEIGHT_EPSILON for s in scores]
     total = sum(weights)
-    if total <= 0:
-        return cyclic_children(retained, slots)
     quotas = [slots * w / total for w in weights]
     counts = [int(q) for q in quotas]
     by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
