@@ -57,6 +57,7 @@ AGGREGATIONS = ("last", "min", "prod", "mean")
 SELECTIONS = ("beam", "dvts", "best_of_n")
 VERIFICATIONS = ("round", "immediate", "lazy", "per_request")
 LV_POLICIES = ("fixed", "adaptive")
+BRANCHING_SCORES = ("decided", "lookahead")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class SearchConfig:
     lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
     the FastTTS pieces (LookAhead continuations, children by min-subtracted score, the mean and spread of
     the share of a continuation's tokens every other retained copy starts from, the per-request valve).
+    branching_score: which score dynamic branching weighs, "decided" (the one the round was decided on)
+    or "lookahead" (FastTTS's code: the path's score with its LookAhead step when that step finished and
+    was scored with the round; search/branching.py).
     filter_duplicates: identical paths compete as one in selection (search-and-learn's option).
     All of them: docs/design.md.
     """
@@ -109,6 +113,7 @@ class SearchConfig:
     lookahead_head_start: float = 0.85
     lookahead_head_start_std: float = 0.1
     max_live_sequences: int = 256
+    branching_score: str = "decided"
     filter_duplicates: bool = False
 
     def __post_init__(self) -> None:
@@ -132,6 +137,7 @@ class SearchConfig:
         _check(0 <= self.lookahead_head_start <= 1, "lookahead_head_start must be in [0, 1]")
         _check(0 <= self.lookahead_head_start_std <= 1, "lookahead_head_start_std must be in [0, 1]")
         _check(self.max_live_sequences >= 1, "max_live_sequences must be >= 1")
+        _check(self.branching_score in BRANCHING_SCORES, f"branching_score must be one of {BRANCHING_SCORES}")
 
     @property
     def num_retained(self) -> int:

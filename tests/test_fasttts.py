@@ -1,11 +1,13 @@
 """The FastTTS baseline as FastTTS runs it (docs/design.md, "FastTTS"), on the scripted backend: dynamic
-branching on min-subtracted scores, the live-sequence valve per request (force-finishing the oldest
-LookAhead continuations), a head start for every retained copy, and which steps one PRM call verifies."""
+branching on min-subtracted scores (of the LookAhead step when it was scored with the round), the
+live-sequence valve per request (force-finishing the oldest LookAhead continuations), a head start for
+every retained copy, and which steps one PRM call verifies."""
 
 import pytest
 
 from specscale.search.branching import dynamic_children
 from specscale.search.presets import preset_config
+from specscale.search.selection import BeamSelection
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.seeds import node_seed
 from specscale.search.tree import CandidateState
@@ -124,20 +126,33 @@ def test_fasttts_verifies_one_request_per_call_and_scores_continuations_with_the
     assert len(crossed.calls) < len(fasttts.calls)
 
 
-def test_children_per_retained_parent_follow_dynamic_branching():
-    runtime, _ = run("fasttts", n_requests=4)
-    checked = 0
-    for search in searches(runtime):
-        for rd in search.rounds:
-            retained = [c for c in rd.candidates if c.state == CandidateState.RETAINED]
-            if not retained:
-                continue
-            ranked = sorted(retained, key=lambda c: (-c.score, c.key))
-            expected = children([c.score for c in ranked], 8)
-            got = [sum(len(e.kept) for e in c.children if not e.cancelled) for c in ranked]
-            assert got == expected
-            checked += 1
-    assert checked > 4
+def scored_lookahead_step(c) -> float | None:
+    """The PRM's score of the last step of c's scored LookAhead continuation that ended at a step separator."""
+    ahead = [a for e in c.children if e.started_as_lookahead and not e.cancelled for a in e.finished
+             if a.state == CandidateState.SCORED and not a.completed]
+    return ahead[0].step_scores[-1] if ahead else None
+
+
+def test_children_per_retained_parent_follow_dynamic_branching_on_the_lookahead_step(monkeypatch):
+    """FastTTS's code branches (next iteration) on the aggregate of a beam's whole score list, which holds
+    its LookAhead step's score when that step was scored in the round's PRM call; the old search branched
+    on the score the round was decided on."""
+    weighed = []  # (retained candidates in rank order, the weights FastTTS would branch on)
+    original = BeamSelection.children
+
+    def recording(selection, retained):
+        ranked = [c for c, _ in retained]
+        ahead = [scored_lookahead_step(c) for c in ranked]
+        weighed.append((ranked, [c.score if w is None else w for c, w in zip(ranked, ahead)]))
+        return original(selection, retained)
+
+    monkeypatch.setattr(BeamSelection, "children", recording)
+    run("fasttts", n_requests=16)
+    assert len(weighed) > 16
+    for ranked, weights in weighed:
+        got = [sum(len(e.kept) for e in c.children if not e.cancelled) for c in ranked]
+        assert got == children(weights, 8)
+    assert sum(w != c.score for ranked, weights in weighed for c, w in zip(ranked, weights)) > 4
 
 
 # ---- a hand-made trace ------------------------------------------------------------------------------------
@@ -157,15 +172,16 @@ def table_step(prefix: tuple, seed: int, final: bool) -> list[int]:
 
 
 class TableVerifier:
-    """Scores each step by its text (0.3 when not in SCORES); remembers each call's paths."""
+    """Scores each step by its text (0.3 when not in its table, SCORES by default); remembers each call's
+    paths."""
 
-    def __init__(self, clock):
-        self.clock, self.calls = clock, []
+    def __init__(self, clock, scores=SCORES):
+        self.clock, self.calls, self.scores = clock, [], scores
 
     def score(self, requests):
         self.calls.append(sorted(tuple(s.strip() for s in r.steps) for r in requests))
         self.clock.advance(0.5)
-        return [ScoreResult(tuple(SCORES.get(s.strip(), 0.3) for s in r.steps), len(r.steps)) for r in requests]
+        return [ScoreResult(tuple(self.scores.get(s.strip(), 0.3) for s in r.steps), len(r.steps)) for r in requests]
 
     def tokens_to_compute(self, request) -> int:
         return 1
@@ -196,3 +212,46 @@ def test_a_hand_made_trace_gets_fasttts_decisions():
     assert verifier.calls == [[("aa",), ("bbbbbb",), ("ccc",), ("ccc", "ff"), ("dddddddd",)],
                               [("aa", "ee"), ("aa", "gggg"), ("aa", "hhhhh"), ("aa", "iiiiii")]]
     assert sorted(p.text for p in result.paths) == ["aa\n\nee", "aa\n\ngggg", "aa\n\nhhhhh", "aa\n\niiiiii"]
+
+
+# ---- a second hand-made trace: which score branches ------------------------------------------------------
+# Same round 0 (N = 4, M = 2), three rounds, no valve: "aa" (0.9) and "ccc" (0.7) are retained, and both of
+# their LookAhead continuations finish before "dddddddd" does, so the round's PRM call scores them too:
+# "aa" + "ee" ends on 0.2, "ccc" + "ff" on 0.95. FastTTS prunes on the round's scores but branches on the
+# LookAhead ones, so "ccc" gets the 4 children; branching on the decided scores gives them all to "aa".
+AHEAD_TEXTS = {(0,): "aa", (1,): "bbbbbb", (2,): "ccc", (3,): "dddddddd", (0, 0, 0): "ee", (2, 0, 0): "ff"}
+AHEAD_SCORES = {"aa": 0.9, "bbbbbb": 0.5, "ccc": 0.7, "dddddddd": 0.2, "ee": 0.2, "ff": 0.95}
+AHEAD_KEYS = [(i,) + rest for i in range(4)
+              for rest in [()] + [(0, j) for j in range(4)] + [(0, j, 0, m) for j in range(4) for m in range(4)]]
+AHEAD_KEY_OF = {node_seed(SEED, key): key for key in AHEAD_KEYS}
+
+
+def ahead_step(prefix: tuple, seed: int, final: bool) -> list[int]:
+    letters = [ord(ch) - ord("a") for ch in AHEAD_TEXTS.get(AHEAD_KEY_OF.get(seed), "zz")]
+    return letters + ([EOS] if final else [NEWLINE, NEWLINE])
+
+
+@pytest.mark.parametrize("branching_score, children_of", [("lookahead", 2), ("decided", 0)])
+def test_a_hand_made_trace_branches_on_the_lookahead_step(branching_score, children_of):
+    clock = VirtualClock()
+    verifier = TableVerifier(clock, AHEAD_SCORES)
+    runtime = SearchRuntime(ScriptedGenerator(clock, ahead_step), verifier, clock=clock)
+    config = preset_config("fasttts", beam_size=4, beam_width=2, max_rounds=3, seed=SEED,
+                           branching_score=branching_score)
+    result = runtime.run([SearchRequest("q", [1, 2, 3], config, "r")])[0]
+    search = runtime.search("r")
+    by_keys = {e.child_keys[0]: e for e in search.expansions.values()}
+    # pruning is on the round's own scores either way: "aa" then "ccc"
+    assert search.decisions[0].retained == ((("aa\n\n",), 1), (("ccc\n\n",), 1))
+    # both continuations were scored in round 0's PRM call
+    assert verifier.calls[0] == [("aa",), ("aa", "ee"), ("bbbbbb",), ("ccc",), ("ccc", "ff"), ("dddddddd",)]
+    round_1 = [key for key, e in by_keys.items() if len(key) == 3 and not e.cancelled]
+    assert round_1 == [(children_of, 0, j) for j in range(4)]
+    assert all(p.text.startswith("aa" if children_of == 0 else "ccc") for p in result.paths)
+
+
+def test_the_fasttts_presets_branch_on_the_lookahead_step_and_the_field_is_checked():
+    assert preset_config("fasttts").branching_score == preset_config("fasttts-xb").branching_score == "lookahead"
+    assert preset_config("beam", dynamic_branching=True).branching_score == "decided"
+    with pytest.raises(ValueError, match="branching_score"):
+        preset_config("fasttts", branching_score="next")

@@ -8,6 +8,7 @@ from dataclasses import replace
 from specscale.config import SearchConfig
 
 _SPECULATIVE = {"speculative": True, "verification": "immediate"}
+_FASTTTS = {"lookahead": True, "dynamic_branching": True, "branching_score": "lookahead"}
 
 PRESETS: dict[str, dict] = {
     "beam": {},
@@ -15,8 +16,8 @@ PRESETS: dict[str, dict] = {
     "best-of-n": {"selection": "best_of_n", "max_rounds": 1},
     "dvts": {"selection": "dvts"},
     "naive-spec": dict(_SPECULATIVE),
-    "fasttts": {"verification": "per_request", "lookahead": True, "dynamic_branching": True},
-    "fasttts-xb": {"verification": "round", "lookahead": True, "dynamic_branching": True},
+    "fasttts": dict(_FASTTTS, verification="per_request"),
+    "fasttts-xb": dict(_FASTTTS, verification="round"),
     "ep-strict": dict(_SPECULATIVE, prune_strict=True),
     "ep": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True),
     "ep+cd": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True),

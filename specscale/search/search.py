@@ -179,9 +179,17 @@ class Search:
         return actions
 
     def _round_ready(self, rd: Round) -> bool:
-        if any(e.live for e in rd.expansions):
+        if any(e.live for e in rd.expansions) or self._awaiting_lookahead_scores(rd):
             return False
         return all(c.state == SCORED for c in rd.live_candidates())
+
+    def _awaiting_lookahead_scores(self, rd: Round) -> bool:
+        """FastTTS branching on LookAhead scores (search/branching.py): the continuations verified in the
+        round's PRM call have scores still to arrive (the same call's, a moment later)."""
+        if self.config.branching_score != "lookahead" or self.verification.per_step or rd.index + 1 >= len(self.rounds):
+            return False
+        ahead = self.rounds[rd.index + 1].candidates
+        return any(c.alive and c.verify_sent and c.state != SCORED and c.expansion.started_as_lookahead for c in ahead)
 
     def _perfect_scores(self, rd: Round) -> list[tuple[Candidate, int]] | None:
         perfect = [c for c in rd.live_candidates() if c.state == SCORED and not c.completed and c.score >= 1.0]

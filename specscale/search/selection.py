@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from specscale.config import SearchConfig
 from specscale.search import policies
-from specscale.search.branching import dynamic_children
+from specscale.search.branching import BRANCHING_SCORES, dynamic_children
 from specscale.search.tree import Candidate
 
 BOXED = "boxed{"
@@ -73,7 +73,7 @@ class BeamSelection(Selection):
 
     def children(self, retained: list[tuple[Candidate, int]]) -> list[int]:
         if self.config.dynamic_branching:
-            return dynamic_children(retained, self.config.beam_size)
+            return dynamic_children(retained, self.config.beam_size, BRANCHING_SCORES[self.config.branching_score])
         return policies.cyclic_children(retained, self.config.beam_size)
 
 
