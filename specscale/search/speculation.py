@@ -4,7 +4,8 @@
 - eager: a verified candidate is expanded at once, up to `depth` rounds ahead of the last decided round, at
   lower priority; when its round is decided the losers' subtrees are cancelled (naive-spec, EP, SpecScale);
 - lookahead: FastTTS's Speculative Beam Extension: a step that finished while its round is still generating
-  keeps decoding its next step at the lowest priority, paused when the round ends; when its parent is
+  keeps decoding its next step (sampled as the step was, as FastTTS's engine does) at the lowest priority,
+  paused when the round ends and scored with the round if it finished; when its parent is
   retained the continuation becomes a child and every other child starts from its text, truncated
   (`lookahead_head_start`); a per-request valve (`max_live_sequences`) force-finishes the oldest ones.
 """
