@@ -147,7 +147,7 @@ def test_children_per_retained_parent_follow_dynamic_branching_on_the_lookahead_
         return original(selection, retained)
 
     monkeypatch.setattr(BeamSelection, "children", recording)
-    run("fasttts", n_requests=16)
+    run("fasttts-db", n_requests=16)
     assert len(weighed) > 16
     for ranked, weights in weighed:
         got = [sum(len(e.kept) for e in c.children if not e.cancelled) for c in ranked]
@@ -195,7 +195,7 @@ def test_a_hand_made_trace_gets_fasttts_decisions():
     clock = VirtualClock()
     verifier = TableVerifier(clock)
     runtime = SearchRuntime(ScriptedGenerator(clock, table_step), verifier, clock=clock)
-    config = preset_config("fasttts", beam_size=4, beam_width=2, max_rounds=2, seed=SEED, max_live_sequences=3)
+    config = preset_config("fasttts-db", beam_size=4, beam_width=2, max_rounds=2, seed=SEED, max_live_sequences=3)
     result = runtime.run([SearchRequest("q", [1, 2, 3], config, "r")])[0]
     search = runtime.search("r")
     by_keys = {e.child_keys[0]: e for e in search.expansions.values()}
@@ -236,7 +236,7 @@ def test_a_hand_made_trace_branches_on_the_lookahead_step(branching_score, child
     clock = VirtualClock()
     verifier = TableVerifier(clock, AHEAD_SCORES)
     runtime = SearchRuntime(ScriptedGenerator(clock, ahead_step), verifier, clock=clock)
-    config = preset_config("fasttts", beam_size=4, beam_width=2, max_rounds=3, seed=SEED,
+    config = preset_config("fasttts-db", beam_size=4, beam_width=2, max_rounds=3, seed=SEED,
                            branching_score=branching_score)
     result = runtime.run([SearchRequest("q", [1, 2, 3], config, "r")])[0]
     search = runtime.search("r")
@@ -250,8 +250,26 @@ def test_a_hand_made_trace_branches_on_the_lookahead_step(branching_score, child
     assert all(p.text.startswith("aa" if children_of == 0 else "ccc") for p in result.paths)
 
 
-def test_the_fasttts_presets_branch_on_the_lookahead_step_and_the_field_is_checked():
-    assert preset_config("fasttts").branching_score == preset_config("fasttts-xb").branching_score == "lookahead"
+def test_the_dynamic_branching_preset_branches_on_the_lookahead_step_and_the_field_is_checked():
+    assert preset_config("fasttts-db").branching_score == "lookahead"
     assert preset_config("beam", dynamic_branching=True).branching_score == "decided"
     with pytest.raises(ValueError, match="branching_score"):
-        preset_config("fasttts", branching_score="next")
+        preset_config("fasttts-db", branching_score="next")
+
+
+@pytest.mark.parametrize("preset", ["fasttts", "fasttts-xb"])
+def test_fasttts_headline_presets_spread_children_uniformly(preset, monkeypatch):
+    """FastTTS's headline runs (its artifact's `spec_prefix` configurations) are `beam_search`: each of the
+    k = N / M retained paths gets M children whatever the scores; dynamic branching is `fasttts-db` only.
+    The old presets gave all 8 children to the better of two retained paths whenever their scores differed."""
+    spread = []  # (copies of each retained path, children it got)
+    original = BeamSelection.children
+
+    def recording(selection, retained):
+        got = original(selection, retained)
+        spread.extend((copies, n) for (_, copies), n in zip(retained, got))
+        return got
+
+    monkeypatch.setattr(BeamSelection, "children", recording)
+    run(preset, n_requests=8)
+    assert len(spread) > 16 and all(n == 4 * copies for copies, n in spread)

@@ -221,6 +221,7 @@ def test_every_preset_is_a_composition_of_policy_objects():
         "naive-spec": (BeamSelection, "immediate", 1, False, (False, False), False),
         "fasttts": (BeamSelection, "per_request", 0, True, (False, False), False),
         "fasttts-xb": (BeamSelection, "round", 0, True, (False, False), False),
+        "fasttts-db": (BeamSelection, "per_request", 0, True, (False, False), False),  # + dynamic branching
         "ep-strict": (BeamSelection, "immediate", 1, False, (True, False), False),
         "ep": (BeamSelection, "immediate", 1, False, (True, True), False),
         "ep+cd": (BeamSelection, "immediate", 1, False, (True, True), True),
@@ -234,3 +235,4 @@ def test_every_preset_is_a_composition_of_policy_objects():
         assert (search.speculation.eager_depth, search.speculation.lookahead) == (depth, lookahead)
         assert (search.pruning.strict, search.pruning.perfect_shortcut) == pruning
         assert search.dedup.computation is cd and not search.dedup.filter_duplicates
+        assert search.config.dynamic_branching is (name == "fasttts-db")

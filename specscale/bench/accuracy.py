@@ -23,7 +23,7 @@ from specscale.bench.common import (
 from specscale.search.presets import preset_config
 
 NAME = "accuracy"
-FULL = {"problems": 300, "repeats": 3, "beam_sizes": [8], "max_rounds": 40, "variants": [*LADDER, "dvts"]}
+FULL = {"problems": 300, "repeats": 3, "beam_sizes": [8], "max_rounds": 40, "variants": [*LADDER, "fasttts-db", "dvts"]}
 QUICK = {"problems": 6, "repeats": 2, "beam_sizes": [4], "max_rounds": 8,
          "variants": ["beam", "naive-spec", "specscale"]}
 SINGLE = "single-sample"
