@@ -13,7 +13,7 @@ the orders FastTTS can draw). Min-subtraction matters: raw scores 0.9 and 0.7 gi
 Which score s_i is (`SearchConfig.branching_score`): "decided", the score the round was decided on, or
 "lookahead", FastTTS's: the aggregate of every step score its PRM call returned for the path, which holds
 the LookAhead step's when that step ended at the step separator and was scored with the round
-(docs/design.md, "Dynamic branching (FastTTS)").
+(docs/design.md, "Dynamic branching").
 """
 
 from __future__ import annotations
