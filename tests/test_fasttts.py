@@ -1,8 +1,8 @@
-"""The FastTTS baseline as FastTTS runs it (docs/design.md, "FastTTS"), on the scripted backend: uniform
-children in the headline presets, and (`fasttts-db`) dynamic
-branching on min-subtracted scores (of the LookAhead step when it was scored with the round), the
-live-sequence valve per request (force-finishing the oldest LookAhead continuations), a head start for
-every retained copy, and which steps one PRM call verifies."""
+"""The FastTTS baseline as FastTTS runs it (docs/design.md, "FastTTS"), on the scripted backend: children
+spread uniformly in the headline presets and, in `fasttts-db`, dynamic branching on min-subtracted scores
+(of the LookAhead step when it was scored with the round); the live-sequence valve per request
+(force-finishing the oldest LookAhead continuations), a head start for every retained copy, and which
+steps one PRM call verifies."""
 
 import pytest
 
