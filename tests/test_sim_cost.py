@@ -10,7 +10,7 @@ import pytest
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.engine.sequence import Sequence
 from specscale.search.presets import preset_config
-from specscale.sim.cost import IterationWork, RooflineCostModel, kv_capacity
+from specscale.sim.cost import IterationWork, RooflineCostModel, bytes_moved, flops, kv_capacity
 from specscale.sim.cpu_fit import fit_cpu_profile
 from specscale.sim.hardware import HardwareProfile, bundled_hardware
 from specscale.sim.model_profile import ModelProfile, bundled_models
@@ -222,3 +222,22 @@ def test_simulated_iterations_carry_the_engines_live_sequences():
     assert seen and all(live == engine_live >= rows for rows, live, engine_live in seen)
     assert any(live > rows for rows, live, _ in seen)
     sim.close()
+
+
+def test_cpu_profile_does_not_charge_a_few_row_iteration_the_weights_twice(tmp_path):
+    """Decode compute-bound under load (a slow PRM token sets the FLOP rate), memory-bound at a few rows: the
+    roofline reads the weights in every few-row iteration, so their read time comes off the fixed part and
+    the cost model gives back the measured line at 4 rows as at the loaded 100; kept in the fixed part, a
+    4-row iteration cost the weights' 0.41 ms twice (+24%)."""
+    cell = {**characterize_cell(1.5, 0.045, 0.0, rows=100.0, live=0.0), "prm_call_per_token_ms": 0.05}
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"results": {"beam": {"8": cell}}}))
+    profile = fit_cpu_profile(summary, None, None, decode_context_tokens=150)
+    cost = RooflineCostModel(profile)
+    generator = ModelProfile.load("specscale/assets/toy-generator")
+    loaded = IterationWork(decode_contexts=(150,) * 100, head_rows=100)
+    assert max(flops(generator, loaded) / cost.hardware.achievable_flops,
+               bytes_moved(generator, loaded) / cost.hardware.achievable_bandwidth) * 1000 > 100 * 0.025  # compute
+    for rows in (4, 100):
+        work = IterationWork(decode_contexts=(150,) * rows, head_rows=rows)
+        assert cost.iteration_seconds(generator, work, "generator") == pytest.approx((1.5 + rows * 0.045) / 1000, rel=0.03)

@@ -9,14 +9,16 @@ tokens on a context_tokens cached context). The fit, with the bundled toy models
                          sequence) / PRM seconds per token (profile-prm's least-squares slope, else the
                          characterize median)
     iteration_fixed_s  = the median over cells of the fitted lines' intercepts (what an iteration costs with
-                         no rows), less the weights' read time if decode is memory-bound
+                         no rows), less the weights' read time, which the roofline charges to every
+                         iteration of a few (memory-bound) rows
     row_overhead_s,    = what a mean iteration costs beyond that fixed part, (generation + other seconds) /
     sequence_overhead_s  iterations - iteration_fixed, split over its mean rows and its mean live sequences
                          (sequences the engine holds, scheduled or not) by least squares over the cells, when
                          the cells recorded live sequences (`live_sequences_mean`); else all of it per mean
-                         row (the median cell's) and none per sequence. The roofline's time per decode row
-                         (its FLOPs at that rate, or its KV bytes at the memory bandwidth, whichever is
-                         larger) comes off the per-row cost. The mean, not the fitted slope, so the slow
+                         row (the median cell's) and none per sequence. What the roofline charges a row at
+                         the cells' median mean rows (its FLOPs at that rate, or its share of the weights and
+                         its KV bytes at the memory bandwidth, whichever binds) comes off the per-row cost.
+                         The mean, not the fitted slope, so the slow
                          iterations (prefills, hiccups) the per-size medians leave out and the runtime's host
                          time ("other": search, queue, operations between ticks), which a simulated run does
                          not otherwise charge, are in it; per row and per sequence, not per iteration,
@@ -52,6 +54,7 @@ from specscale.sim.model_profile import ModelProfile
 # model (0.99 GB of bf16 weights) at 16 tokens/s at batch 1, so about 16 GB/s of weights streamed.
 CPU_BANDWIDTH = 16e9
 CPU_MEMORY = 24 * 2**30  # the machines' memory
+DEFAULT_LOADED_ROWS = 64  # rows of a loaded iteration where characterize recorded no mean (32 requests x beam 2..8)
 
 
 def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | None, out: str | Path | None = None,
@@ -70,7 +73,7 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
                  + prm_model.head_flops_per_row / step)
     flop_rate = prm_flops / per_token
     iteration_fixed, row_overhead = _generator_split(generator_model, flop_rate, iteration_fixed_ms / 1000,
-                                                     row_ms / 1000, decode_context_tokens)
+                                                     row_ms / 1000, decode_context_tokens, loaded_rows(cells))
     inputs = f"{characterize_summary}" + (f" and {prm_profile}" if prm_profile else "")
     profile = HardwareProfile(
         name="cpu", description=f"this project's CPU machine, fitted from {inputs}",
@@ -86,12 +89,13 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
             "memory_bytes": "the machine's 24 GiB", "compute_efficiency": "fitted rate is the achievable one",
             "bandwidth_efficiency": "the measured bandwidth is the achievable one",
             "iteration_fixed_s": f"fitted: median over {len(cells)} characterize cells of the generator line's "
-                                 "intercept (less the weights' read time when decode is memory-bound)",
+                                 "intercept, less the weights' read time (the roofline charges it to a few-row, "
+                                 "memory-bound iteration)",
             "prm_iteration_fixed_s": f"fitted: median over {len(cells)} characterize cells of the mean PRM call's "
                                      "cost beyond its tokens",
-            "row_overhead_s": f"fitted: {host_source(sequence_ms)}: per row, minus the roofline's per-row time "
-                              f"(the toy generator's decode FLOPs or KV bytes per row at a {decode_context_tokens}"
-                              "-token context, whichever binds)",
+            "row_overhead_s": f"fitted: {host_source(sequence_ms)}: per row, minus what the roofline charges per "
+                              f"row at the cells' mean rows (the toy generator's decode FLOPs, or its weights and "
+                              f"KV bytes, at a {decode_context_tokens}-token context, whichever binds)",
             "sequence_overhead_s": f"fitted: {host_source(sequence_ms)}: per live sequence" if sequence_ms else
                                    "none fitted: the characterize cells record no live sequences (or the fit "
                                    "gave a negative cost), so the host time is charged per row",
@@ -129,6 +133,12 @@ def mean_iteration_ms(cell: dict) -> float:
     return 1000 * (cell["generation_s"] + cell["other_s"]) / cell["iterations"]
 
 
+def loaded_rows(cells: list[dict]) -> float:
+    """The rows of a loaded iteration: the cells' median mean rows (DEFAULT_LOADED_ROWS without means)."""
+    rows = [cell["rows_per_iteration_mean"] for cell in cells if has_means(cell)]
+    return statistics.median(rows) if rows else DEFAULT_LOADED_ROWS
+
+
 def has_means(cell: dict) -> bool:
     return bool(cell.get("iterations") and cell.get("rows_per_iteration_mean"))
 
@@ -150,18 +160,21 @@ def host_source(sequence_ms: float) -> str:
             "(the runtime's host time included) per mean row")
 
 
-def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_row: float,
-                     context: int) -> tuple[float, float]:
-    """(iteration_fixed_s, row_overhead_s) that make fixed + overhead * rows + max(compute, memory) equal
-    the measured fixed + per_row * rows: per row the roofline takes the decode FLOPs or the KV bytes read,
-    whichever binds; a memory-bound iteration also reads the weights once, which the fixed part then holds."""
+def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_row: float, context: int,
+                     loaded_rows: float) -> tuple[float, float]:
+    """(iteration_fixed_s, row_overhead_s) that make fixed' + overhead * rows + max(compute, memory) equal the
+    measured fixed + per_row * rows with no rows and at loaded_rows: the roofline reads the weights once per
+    iteration (memory) or computes the decode FLOPs per row (compute), whichever binds, so the weights' read
+    time comes off the fixed part (an iteration of a few rows is memory-bound: it would be charged twice) and
+    the per-row overhead is what the roofline leaves of the measured line at the loaded size."""
     flops = model.body_flops_per_token + model.head_flops_per_row + model.attention_flops_per_key * context
     compute = flops / flop_rate
     kv = model.kv_bytes_per_token * (context + 1) / CPU_BANDWIDTH
-    if kv >= compute:
-        weights = (model.body_weight_bytes + model.head_weight_bytes) / CPU_BANDWIDTH
-        return max(fixed - weights, 0.0), max(per_row - kv, 0.0)
-    return fixed, max(per_row - compute, 0.0)
+    weights = (model.body_weight_bytes + model.head_weight_bytes) / CPU_BANDWIDTH
+    fixed_part = max(fixed - weights, 0.0)
+    roofline = max(compute * loaded_rows, weights + kv * loaded_rows)
+    overhead = (fixed + per_row * loaded_rows - fixed_part - roofline) / loaded_rows
+    return fixed_part, max(overhead, 0.0)
 
 
 def _prm_seconds_per_token(prm_profile, fallback: float) -> tuple[float, float, float, str]:
