@@ -102,7 +102,8 @@ def test_kv_capacity_is_what_the_weights_leave():
 def test_every_hardware_number_names_its_source():
     assert {"a100-80gb", "h100-80gb", "h200"} <= set(bundled_hardware())
     numbers = ("peak_flops", "memory_bandwidth", "memory_bytes", "compute_efficiency", "bandwidth_efficiency",
-               "iteration_fixed_s", "prm_iteration_fixed_s", "row_overhead_s", "memory_utilization", "reserved_bytes")
+               "iteration_fixed_s", "prm_iteration_fixed_s", "row_overhead_s", "sequence_overhead_s", "memory_utilization",
+               "reserved_bytes")
     for name in bundled_hardware():
         profile = HardwareProfile.load(name)
         missing = [n for n in numbers if not profile.sources.get(n)]
