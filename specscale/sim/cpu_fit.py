@@ -161,9 +161,9 @@ def host_source(sequence_ms: float) -> str:
 
 
 def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_row: float, context: int,
-                     loaded_rows: float) -> tuple[float, float]:
+                     rows_under_load: float) -> tuple[float, float]:
     """(iteration_fixed_s, row_overhead_s) that make fixed' + overhead * rows + max(compute, memory) equal the
-    measured fixed + per_row * rows with no rows and at loaded_rows: the roofline reads the weights once per
+    measured fixed + per_row * rows with no rows and at rows_under_load: the roofline reads the weights once per
     iteration (memory) or computes the decode FLOPs per row (compute), whichever binds, so the weights' read
     time comes off the fixed part (an iteration of a few rows is memory-bound: it would be charged twice) and
     the per-row overhead is what the roofline leaves of the measured line at the loaded size."""
@@ -172,8 +172,8 @@ def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_ro
     kv = model.kv_bytes_per_token * (context + 1) / CPU_BANDWIDTH
     weights = (model.body_weight_bytes + model.head_weight_bytes) / CPU_BANDWIDTH
     fixed_part = max(fixed - weights, 0.0)
-    roofline = max(compute * loaded_rows, weights + kv * loaded_rows)
-    overhead = (fixed + per_row * loaded_rows - fixed_part - roofline) / loaded_rows
+    roofline = max(compute * rows_under_load, weights + kv * rows_under_load)
+    overhead = (fixed + per_row * rows_under_load - fixed_part - roofline) / rows_under_load
     return fixed_part, max(overhead, 0.0)
 
 
