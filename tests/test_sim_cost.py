@@ -102,8 +102,8 @@ def test_kv_capacity_is_what_the_weights_leave():
 def test_every_hardware_number_names_its_source():
     assert {"a100-80gb", "h100-80gb", "h200"} <= set(bundled_hardware())
     numbers = ("peak_flops", "memory_bandwidth", "memory_bytes", "compute_efficiency", "bandwidth_efficiency",
-               "iteration_fixed_s", "prm_iteration_fixed_s", "row_overhead_s", "sequence_overhead_s", "memory_utilization",
-               "reserved_bytes")
+               "iteration_fixed_s", "prm_iteration_fixed_s", "row_overhead_s", "sequence_overhead_s",
+               "memory_utilization", "reserved_bytes")
     for name in bundled_hardware():
         profile = HardwareProfile.load(name)
         missing = [n for n in numbers if not profile.sources.get(n)]
@@ -217,7 +217,8 @@ def test_simulated_iterations_carry_the_engines_live_sequences():
             return super().iteration_seconds(model, work, role)
 
     sim = Simulation(SimulationConfig(seed=0), cost_model=Recording(A100))
-    requests = [sim.request(p, preset_config("beam", beam_size=4, seed=i), f"q{i}") for i, p in enumerate(sim.problems(2))]
+    requests = [sim.request(p, preset_config("beam", beam_size=4, seed=i), f"q{i}")
+                for i, p in enumerate(sim.problems(2))]
     sim.runtime(max_concurrency=2).run(requests)
     seen = sim.cost_model.seen
     assert seen and all(live == engine_live >= rows for rows, live, engine_live in seen)
@@ -241,4 +242,5 @@ def test_cpu_profile_does_not_charge_a_few_row_iteration_the_weights_twice(tmp_p
                bytes_moved(generator, loaded) / cost.hardware.achievable_bandwidth) * 1000 > 100 * 0.025  # compute
     for rows in (4, 100):
         work = IterationWork(decode_contexts=(150,) * rows, head_rows=rows)
-        assert cost.iteration_seconds(generator, work, "generator") == pytest.approx((1.5 + rows * 0.045) / 1000, rel=0.03)
+        expected = (1.5 + rows * 0.045) / 1000
+        assert cost.iteration_seconds(generator, work, "generator") == pytest.approx(expected, rel=0.03)

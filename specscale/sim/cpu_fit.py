@@ -30,11 +30,11 @@ tokens on a context_tokens cached context). The fit, with the bundled toy models
                          mean tokens per call (else the fitted intercept)
 
 so the roofline gives back the generator line's intercept at no rows and the cells' mean iterations at
-their mean rows (and live sequences), and the PRM line shifted to its mean. Memory bandwidth is not measurable this way; the
-profile takes the bandwidth a memory-bound decode showed on this kind of machine.
+their mean rows (and live sequences), and the PRM line shifted to its mean. Memory bandwidth is not
+measurable this way; the profile takes the bandwidth a memory-bound decode showed on this kind of machine.
 
     python -m specscale.sim.cpu_fit --characterize docs/bench/characterize/summary.json \\
-        --profile-prm ~/.cache/specscale/prm-profiles/toy-prm-cpu-<hash>.json --out cpu.json
+        --profile-prm docs/bench/sim-validation/gemm-idle/prm-profile.json --out cpu.json
 """
 
 from __future__ import annotations
