@@ -116,6 +116,7 @@ def test_characterize_quick(models, tmp_path):
     assert shares == pytest.approx(1.0, abs=0.02)
     assert cell["verifier_calls"] > 0 and cell["iterations"] > 0 and cell["prm_tokens_per_s"] > 0
     assert 0 < cell["physical_to_logical"] <= 1
+    assert cell["live_sequences_mean"] >= cell["rows_per_iteration_mean"] > 0  # what sim/cpu_fit.py splits by
     waiting = summary["waiting_batch_size_1"]
     assert 0 <= waiting["overall"] <= 1 and waiting["by_events"]
     prefix = summary["common_prefix"]

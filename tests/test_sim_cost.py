@@ -3,12 +3,14 @@ rooflines computed by hand, the PRM knee where the published fact puts it, KV ca
 number with a source, and the CPU profile fitted from measurement files."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.engine.sequence import Sequence
-from specscale.sim.cost import IterationWork, RooflineCostModel, kv_capacity
+from specscale.search.presets import preset_config
+from specscale.sim.cost import IterationWork, RooflineCostModel, bytes_moved, flops, kv_capacity
 from specscale.sim.cpu_fit import fit_cpu_profile
 from specscale.sim.hardware import HardwareProfile, bundled_hardware
 from specscale.sim.model_profile import ModelProfile, bundled_models
@@ -81,8 +83,8 @@ def test_iteration_work_reads_a_scheduled_batch():
     decode = Sequence(0, list(range(40)), None, 0)
     prefill = Sequence(1, list(range(100)), None, 1)
     batch = ScheduledBatch(decode_rows=[ScheduledRow(decode, 39, 1)], prefill_rows=[ScheduledRow(prefill, 64, 36)])
-    work = IterationWork.from_batch(batch, head_rows=2)
-    assert work.decode_contexts == (40,) and work.prefill_chunks == ((36, 64),)
+    work = IterationWork.from_batch(batch, head_rows=2, live_sequences=5)
+    assert work.decode_contexts == (40,) and work.prefill_chunks == ((36, 64),) and work.live_sequences == 5
     assert work.num_tokens == 37 and work.num_rows == 2
     assert work.attended_keys == 40 + 36 * 64 + 36 * 37 // 2
 
@@ -100,7 +102,8 @@ def test_kv_capacity_is_what_the_weights_leave():
 def test_every_hardware_number_names_its_source():
     assert {"a100-80gb", "h100-80gb", "h200"} <= set(bundled_hardware())
     numbers = ("peak_flops", "memory_bandwidth", "memory_bytes", "compute_efficiency", "bandwidth_efficiency",
-               "iteration_fixed_s", "prm_iteration_fixed_s", "row_overhead_s", "memory_utilization", "reserved_bytes")
+               "iteration_fixed_s", "prm_iteration_fixed_s", "row_overhead_s", "sequence_overhead_s",
+               "memory_utilization", "reserved_bytes")
     for name in bundled_hardware():
         profile = HardwareProfile.load(name)
         missing = [n for n in numbers if not profile.sources.get(n)]
@@ -149,3 +152,95 @@ def test_cpu_profile_fit_gives_back_the_measured_means_host_time_included(tmp_pa
     work = IterationWork(decode_contexts=(150,) * 100, head_rows=100)
     assert cost.iteration_seconds(generator, work, "generator") == pytest.approx(0.006, rel=0.02)
     assert profile.prm_iteration_fixed_s == pytest.approx(0.010 - 250 * 0.025e-3)
+
+
+def characterize_cell(fixed_ms: float, row_ms: float, sequence_ms: float, rows: float, live: float) -> dict:
+    """A characterize cell whose mean iteration costs fixed + row x rows + sequence x live sequences (400
+    iterations; a tenth of that time is the runtime's "other" host time)."""
+    per_iteration_s = (fixed_ms + row_ms * rows + sequence_ms * live) / 1000
+    return {"iteration_fixed_ms": fixed_ms, "iteration_per_row_ms": 0.03, "prm_call_fixed_ms": 2.5,
+            "prm_call_per_token_ms": 0.025, "iterations": 400, "rows_per_iteration_mean": rows,
+            "live_sequences_mean": live, "generation_s": 0.9 * 400 * per_iteration_s,
+            "other_s": 0.1 * 400 * per_iteration_s, "verifier_calls": 0, "verification_s": 0.0}
+
+
+def test_cpu_profile_charges_the_host_time_per_row_not_per_iteration(tmp_path):
+    """Fitted at 100 rows, the host time beyond the line's intercept goes per row: an iteration of 10 rows
+    costs the intercept and 10 mean rows (1.5 + 10 x 0.045 ms), where a per-iteration fixed cost fitted
+    under load charged it 3.3 ms, 2.2x the measured line's 1.8 ms (docs/simulator.md, "The CPU profile")."""
+    cell = characterize_cell(1.5, 0.045, 0.0, rows=100.0, live=0.0)  # 6 ms per iteration at 100 rows
+    del cell["live_sequences_mean"]  # a summary from before live sequences were recorded
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"results": {"beam": {"8": cell}}}))
+    profile = fit_cpu_profile(summary, None, None, decode_context_tokens=150)
+    cost = RooflineCostModel(profile)
+    generator = ModelProfile.load("specscale/assets/toy-generator")
+    for rows, expected in ((100, 0.006), (10, 0.0015 + 10 * 0.045e-3)):
+        work = IterationWork(decode_contexts=(150,) * rows, head_rows=rows, live_sequences=4 * rows)
+        assert cost.iteration_seconds(generator, work, "generator") == pytest.approx(expected, rel=0.01)
+    assert profile.sequence_overhead_s == 0
+    assert "no live sequences" in profile.sources["sequence_overhead_s"]
+
+
+def test_cpu_profile_splits_the_host_time_over_rows_and_live_sequences(tmp_path):
+    """Cells that recorded their live sequences: least squares over them gives back the per-row and the
+    per-sequence cost they were made with, and the cost model charges both to a generator iteration."""
+    shapes = {"beam": (95.0, 130.0), "naive-spec": (100.0, 330.0), "ep": (104.0, 209.0), "ep+cd": (74.0, 117.0)}
+    results = {variant: {"8": characterize_cell(1.75, 0.05, 0.009, rows, live)}
+               for variant, (rows, live) in shapes.items()}
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"results": results}))
+    profile = fit_cpu_profile(summary, None, None, decode_context_tokens=150)
+    assert profile.sequence_overhead_s == pytest.approx(0.009e-3, rel=1e-6)
+    cost = RooflineCostModel(profile)
+    generator = ModelProfile.load("specscale/assets/toy-generator")
+    work = IterationWork(decode_contexts=(150,) * 8, head_rows=8, live_sequences=40)
+    assert cost.iteration_seconds(generator, work, "generator") == pytest.approx(
+        (1.75 + 8 * 0.05 + 40 * 0.009) / 1000, rel=1e-6)
+    assert cost.iteration_seconds(generator, replace(work, live_sequences=0), "generator") == pytest.approx(
+        (1.75 + 8 * 0.05) / 1000, rel=1e-6)
+    assert "live sequences" in profile.sources["sequence_overhead_s"]
+
+
+def test_simulated_iterations_carry_the_engines_live_sequences():
+    """The generator's runner prices each iteration with the sequences its engine holds: at least the rows
+    it runs, and more while a beam's finished siblings wait for the round (paused, not scheduled)."""
+
+    class Recording(RooflineCostModel):
+        def __init__(self, hardware):
+            super().__init__(hardware)
+            self.seen: list[tuple[int, int, int]] = []
+
+        def iteration_seconds(self, model, work, role):
+            if role == "generator":
+                self.seen.append((work.num_rows, work.live_sequences, sim.engine.num_live_sequences))
+            return super().iteration_seconds(model, work, role)
+
+    sim = Simulation(SimulationConfig(seed=0), cost_model=Recording(A100))
+    requests = [sim.request(p, preset_config("beam", beam_size=4, seed=i), f"q{i}")
+                for i, p in enumerate(sim.problems(2))]
+    sim.runtime(max_concurrency=2).run(requests)
+    seen = sim.cost_model.seen
+    assert seen and all(live == engine_live >= rows for rows, live, engine_live in seen)
+    assert any(live > rows for rows, live, _ in seen)
+    sim.close()
+
+
+def test_cpu_profile_does_not_charge_a_few_row_iteration_the_weights_twice(tmp_path):
+    """Decode compute-bound under load (a slow PRM token sets the FLOP rate), memory-bound at a few rows: the
+    roofline reads the weights in every few-row iteration, so their read time comes off the fixed part and
+    the cost model gives back the measured line at 4 rows as at the loaded 100; kept in the fixed part, a
+    4-row iteration cost the weights' 0.41 ms twice (+24%)."""
+    cell = {**characterize_cell(1.5, 0.045, 0.0, rows=100.0, live=0.0), "prm_call_per_token_ms": 0.05}
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"results": {"beam": {"8": cell}}}))
+    profile = fit_cpu_profile(summary, None, None, decode_context_tokens=150)
+    cost = RooflineCostModel(profile)
+    generator = ModelProfile.load("specscale/assets/toy-generator")
+    loaded = IterationWork(decode_contexts=(150,) * 100, head_rows=100)
+    assert max(flops(generator, loaded) / cost.hardware.achievable_flops,
+               bytes_moved(generator, loaded) / cost.hardware.achievable_bandwidth) * 1000 > 100 * 0.025  # compute
+    for rows in (4, 100):
+        work = IterationWork(decode_contexts=(150,) * rows, head_rows=rows)
+        expected = (1.5 + rows * 0.045) / 1000
+        assert cost.iteration_seconds(generator, work, "generator") == pytest.approx(expected, rel=0.03)

@@ -9,7 +9,9 @@
    cancelled tokens, peak KV blocks, lazy-verification flush reasons. The generator and the verifier
    backends are wrapped (same protocols, every call timed), so each generator iteration's time is fitted as
    `fixed + per_row * rows` and each PRM call's as `fixed + per_token * tokens`; the time spent sizing
-   queued steps for the PRM (`tokens_to_compute`, part of "other") is measured separately.
+   queued steps for the PRM (`tokens_to_compute`, part of "other") is measured separately, and the
+   sequences the generator holds at each iteration are counted (`live_sequences_mean`: with the mean rows,
+   what `sim/cpu_fit.py` splits the host time by).
 3. From the `beam` runs (every candidate finishes and is scored once): the common-prefix token ratio
    of each sibling group (1 - token-trie nodes / tokens: what computation deduplication could save)
    and the histogram of PRM step scores, with the fraction exactly 1.0 (what the perfect-score
@@ -136,6 +138,7 @@ def characterization(batch, problems, engine: TimedGenerator, verifier: TimedVer
         "iteration_fixed_ms": 1000 * iteration_fixed,
         "iteration_per_row_ms": 1000 * iteration_per_row,
         "rows_per_iteration_mean": statistics.fmean(r for r, _ in engine.iterations) if engine.iterations else 0.0,
+        "live_sequences_mean": statistics.fmean(engine.live_sequences) if engine.live_sequences else 0.0,
         "iteration_fixed_share": len(engine.iterations) * iteration_fixed / numbers["generation_s"]
         if numbers["generation_s"] else 0.0,
         "prm_call_fixed_ms": 1000 * call_fixed,

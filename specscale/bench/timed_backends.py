@@ -12,16 +12,19 @@ from specscale.verify.prm import ScoreRequest, ScoreResult
 
 
 class TimedGenerator:
-    """A generator backend with every iteration timed on `clock`: (sequences advanced, seconds) per step()."""
+    """A generator backend with every iteration timed on `clock`: (sequences advanced, seconds) per step(),
+    and the sequences the backend held as each step began (live_sequences)."""
 
     def __init__(self, backend: GeneratorBackend, clock: Callable[[], float] = time.perf_counter):
         self._backend, self._clock = backend, clock
         self.iterations: list[tuple[int, float]] = []
+        self.live_sequences: list[int] = []
 
     def apply(self, ops: Sequence[SequenceOp]) -> None:
         self._backend.apply(ops)
 
     def step(self) -> list[SequenceUpdate]:
+        self.live_sequences.append(self._backend.num_live_sequences)
         start = self._clock()
         updates = self._backend.step()
         self.iterations.append((len(updates), self._clock() - start))

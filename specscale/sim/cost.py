@@ -15,8 +15,11 @@ with n the chunk's new tokens and c the tokens cached before it: a decode row at
 context and reads its KV; a prefill chunk's token i attends to c + i keys, and the chunk reads the cached
 KV once (flash attention); every new token writes its KV. Embedding gathers, norms and activations are
 left out (under 1% of either term for these models). `fixed(role)` is the hardware's
-iteration_fixed_s for the generator and prm_iteration_fixed_s for a PRM batch; `host` is rows x
-row_overhead_s for a generator iteration (sampling, stop detection and bookkeeping per row), 0 for the PRM.
+iteration_fixed_s for the generator and prm_iteration_fixed_s for a PRM batch; `host` is, for a generator
+iteration, rows x row_overhead_s (sampling, stop detection and bookkeeping per row) + live sequences x
+sequence_overhead_s (the scheduler's scan and the search's bookkeeping over every sequence the engine
+holds, scheduled or not: speculative and paused ones too), 0 for the PRM. On the CPU both host terms are
+fitted from `specscale bench characterize` (docs/simulator.md, "The CPU profile").
 """
 
 from __future__ import annotations
@@ -34,16 +37,18 @@ ROLES = ("generator", "prm")
 @dataclass(frozen=True)
 class IterationWork:
     """What one engine iteration computes: decode_contexts[i] is decode row i's context length including
-    its new token; prefill_chunks[j] = (new tokens, tokens cached before them); head_rows: head outputs."""
+    its new token; prefill_chunks[j] = (new tokens, tokens cached before them); head_rows: head outputs;
+    live_sequences: the sequences the engine holds while it runs (the rows' and any waiting or paused)."""
 
     decode_contexts: tuple[int, ...] = ()
     prefill_chunks: tuple[tuple[int, int], ...] = ()
     head_rows: int = 0
+    live_sequences: int = 0
 
     @classmethod
-    def from_batch(cls, batch: ScheduledBatch, head_rows: int) -> IterationWork:
+    def from_batch(cls, batch: ScheduledBatch, head_rows: int, live_sequences: int) -> IterationWork:
         return cls(tuple(row.end for row in batch.decode_rows),
-                   tuple((row.num_tokens, row.start) for row in batch.prefill_rows), head_rows)
+                   tuple((row.num_tokens, row.start) for row in batch.prefill_rows), head_rows, live_sequences)
 
     @property
     def num_rows(self) -> int:
@@ -81,8 +86,7 @@ class RooflineCostModel(CostModel):
         hw = self.hardware
         compute_s = flops(model, work) / hw.achievable_flops
         memory_s = bytes_moved(model, work) / hw.achievable_bandwidth
-        host_s = work.num_rows * hw.row_overhead_s if role == "generator" else 0.0
-        return fixed_seconds(hw, role) + host_s + max(compute_s, memory_s)
+        return fixed_seconds(hw, role) + host_seconds(hw, work, role) + max(compute_s, memory_s)
 
 
 def flops(model: ModelProfile, work: IterationWork) -> float:
@@ -93,6 +97,13 @@ def flops(model: ModelProfile, work: IterationWork) -> float:
 def bytes_moved(model: ModelProfile, work: IterationWork) -> float:
     weights = model.body_weight_bytes + (model.head_weight_bytes if work.head_rows else 0)
     return weights + model.kv_bytes_per_token * (work.kv_tokens_read + work.num_tokens)
+
+
+def host_seconds(hardware: HardwareProfile, work: IterationWork, role: str) -> float:
+    """The host's share of a generator iteration: per row and per live sequence; none for the PRM."""
+    if role != "generator":
+        return 0.0
+    return work.num_rows * hardware.row_overhead_s + work.live_sequences * hardware.sequence_overhead_s
 
 
 def fixed_seconds(hardware: HardwareProfile, role: str) -> float:

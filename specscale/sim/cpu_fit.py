@@ -8,23 +8,33 @@ tokens on a context_tokens cached context). The fit, with the bundled toy models
     achievable FLOP/s  = PRM FLOPs per token (body + attention at the profiled context + the head per
                          sequence) / PRM seconds per token (profile-prm's least-squares slope, else the
                          characterize median)
-    row_overhead_s     = generator seconds per row - the roofline's time per decode row (its FLOPs at
-                         that rate, or its KV bytes at the memory bandwidth, whichever is larger)
-    iteration_fixed_s  = the median over cells of what a generator iteration costs beyond its rows *on
-                         average*: (generation + other seconds) / iterations - per_row x mean rows, less
-                         the weights' read time if decode is memory-bound. The mean, not the fitted line's
-                         intercept (a line through per-size medians, which leaves out the slow prefill
-                         iterations), and the runtime's host time ("other": search, queue, operations
-                         between ticks), which a simulated run does not otherwise charge; cells without
-                         those means fall back to the intercept
-    prm_iteration_fixed_s = likewise the mean PRM call beyond its tokens: verification seconds / calls -
-                         per_token x mean tokens per call (else the fitted intercept)
+    iteration_fixed_s  = the median over cells of the fitted lines' intercepts (what an iteration costs with
+                         no rows), less the weights' read time, which the roofline charges to every
+                         iteration of a few (memory-bound) rows
+    row_overhead_s,    = what a mean iteration costs beyond that fixed part, (generation + other seconds) /
+    sequence_overhead_s  iterations - iteration_fixed, split over its mean rows and its mean live sequences
+                         (sequences the engine holds, scheduled or not) by least squares over the cells, when
+                         the cells recorded live sequences (`live_sequences_mean`); else all of it per mean
+                         row (the median cell's) and none per sequence. What the roofline charges a row at
+                         the cells' median mean rows (its FLOPs at that rate, or its share of the weights and
+                         its KV bytes at the memory bandwidth, whichever binds) comes off the per-row cost.
+                         The mean, not the fitted slope, so the slow
+                         iterations (prefills, hiccups) the per-size medians leave out and the runtime's host
+                         time ("other": search, queue, operations between ticks), which a simulated run does
+                         not otherwise charge, are in it; per row and per sequence, not per iteration,
+                         because that host time grows with the work in flight: charged per iteration, an
+                         average fitted at ~100 rows overcharged the few-row iterations of a lightly loaded
+                         server 2-2.7x (docs/simulator.md, "The CPU profile"). Cells without those means fall
+                         back to the fitted slope
+    prm_iteration_fixed_s = the mean PRM call beyond its tokens: verification seconds / calls - per_token x
+                         mean tokens per call (else the fitted intercept)
 
-so the roofline gives back both measured lines, shifted to their measured means. Memory bandwidth is not
+so the roofline gives back the generator line's intercept at no rows and the cells' mean iterations at
+their mean rows (and live sequences), and the PRM line shifted to its mean. Memory bandwidth is not
 measurable this way; the profile takes the bandwidth a memory-bound decode showed on this kind of machine.
 
     python -m specscale.sim.cpu_fit --characterize docs/bench/characterize/summary.json \\
-        --profile-prm ~/.cache/specscale/prm-profiles/toy-prm-cpu-<hash>.json --out cpu.json
+        --profile-prm docs/bench/sim-validation/gemm-idle/prm-profile.json --out cpu.json
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from specscale.sim.model_profile import ModelProfile
 # model (0.99 GB of bf16 weights) at 16 tokens/s at batch 1, so about 16 GB/s of weights streamed.
 CPU_BANDWIDTH = 16e9
 CPU_MEMORY = 24 * 2**30  # the machines' memory
+DEFAULT_LOADED_ROWS = 64  # rows of a loaded iteration where characterize recorded no mean (32 requests x beam 2..8)
 
 
 def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | None, out: str | Path | None = None,
@@ -53,7 +64,8 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
     cells = [cell for by_size in json.loads(Path(characterize_summary).read_text())["results"].values()
              for cell in by_size.values()]
     median = lambda key: statistics.median(cell[key] for cell in cells) / 1000  # noqa: E731 (ms -> s)
-    iteration_fixed_ms = statistics.median(map(mean_iteration_fixed_ms, cells))
+    iteration_fixed_ms = statistics.median(cell["iteration_fixed_ms"] for cell in cells)
+    row_ms, sequence_ms = host_split_ms(cells, iteration_fixed_ms)
     prm_fixed_ms = statistics.median(map(mean_prm_fixed_ms, cells))
     generator_model, prm_model = ModelProfile.load(str(generator)), ModelProfile.load(str(prm))
     per_token, context, step, token_source = _prm_seconds_per_token(prm_profile, median("prm_call_per_token_ms"))
@@ -61,14 +73,14 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
                  + prm_model.head_flops_per_row / step)
     flop_rate = prm_flops / per_token
     iteration_fixed, row_overhead = _generator_split(generator_model, flop_rate, iteration_fixed_ms / 1000,
-                                                     median("iteration_per_row_ms"), decode_context_tokens)
+                                                     row_ms / 1000, decode_context_tokens, loaded_rows(cells))
     inputs = f"{characterize_summary}" + (f" and {prm_profile}" if prm_profile else "")
     profile = HardwareProfile(
         name="cpu", description=f"this project's CPU machine, fitted from {inputs}",
         peak_flops=flop_rate, memory_bandwidth=CPU_BANDWIDTH, memory_bytes=CPU_MEMORY, compute_efficiency=1.0,
         bandwidth_efficiency=1.0, iteration_fixed_s=iteration_fixed,
         prm_iteration_fixed_s=prm_fixed_ms / 1000, row_overhead_s=row_overhead, memory_utilization=0.9,
-        reserved_bytes=2**30,
+        reserved_bytes=2**30, sequence_overhead_s=sequence_ms / 1000,
         sources={
             "peak_flops": f"fitted: toy PRM FLOPs per token ({prm_flops:.3g}) / seconds per token ({per_token:.3g}, "
                           f"{token_source}); already achievable, so compute_efficiency is 1",
@@ -76,14 +88,17 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
                                 "(0.99 GB bf16) at 16 tokens/s at batch 1",
             "memory_bytes": "the machine's 24 GiB", "compute_efficiency": "fitted rate is the achievable one",
             "bandwidth_efficiency": "the measured bandwidth is the achievable one",
-            "iteration_fixed_s": f"fitted: median over {len(cells)} characterize cells of the mean generator "
-                                 "iteration's cost beyond its rows, the runtime's host time included (less the "
-                                 "weights' read time when decode is memory-bound)",
+            "iteration_fixed_s": f"fitted: median over {len(cells)} characterize cells of the generator line's "
+                                 "intercept, less the weights' read time (the roofline charges it to a few-row, "
+                                 "memory-bound iteration)",
             "prm_iteration_fixed_s": f"fitted: median over {len(cells)} characterize cells of the mean PRM call's "
                                      "cost beyond its tokens",
-            "row_overhead_s": "fitted: median generator seconds per row minus the roofline's per-row time (the "
-                              f"toy generator's decode FLOPs or KV bytes per row at a {decode_context_tokens}-token "
-                              "context, whichever binds)",
+            "row_overhead_s": f"fitted: {host_source(sequence_ms)}: per row, minus what the roofline charges per "
+                              f"row at the cells' mean rows (the toy generator's decode FLOPs, or its weights and "
+                              f"KV bytes, at a {decode_context_tokens}-token context, whichever binds)",
+            "sequence_overhead_s": f"fitted: {host_source(sequence_ms)}: per live sequence" if sequence_ms else
+                                   "none fitted: the characterize cells record no live sequences (or the fit "
+                                   "gave a negative cost), so the host time is charged per row",
             "memory_utilization": "as on a GPU; CPU runs size their KV pools explicitly",
             "reserved_bytes": "assumption: 1 GiB for activations of the toy models' 2,048-8,192-token batches",
         },
@@ -93,12 +108,39 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
     return profile
 
 
-def mean_iteration_fixed_ms(cell: dict) -> float:
-    """(generation + other ms) / iterations - per_row x mean rows; the fitted intercept without the means."""
-    if not cell.get("iterations") or "rows_per_iteration_mean" not in cell:
-        return cell["iteration_fixed_ms"]
-    per_iteration = 1000 * (cell["generation_s"] + cell["other_s"]) / cell["iterations"]
-    return per_iteration - cell["iteration_per_row_ms"] * cell["rows_per_iteration_mean"]
+def host_split_ms(cells: list[dict], fixed_ms: float) -> tuple[float, float]:
+    """(ms per row, ms per live sequence) of the mean iteration beyond fixed_ms: least squares through the
+    cells' means on their mean rows and live sequences when at least 3 cells recorded both and both costs
+    come out non-negative; else the median cell's cost per row and none per sequence."""
+    per_row_only = statistics.median(mean_row_ms(cell, fixed_ms) for cell in cells), 0.0
+    if len(cells) < 3 or not all(has_means(cell) and cell.get("live_sequences_mean") for cell in cells):
+        return per_row_only
+    design = np.array([[cell["rows_per_iteration_mean"], cell["live_sequences_mean"]] for cell in cells])
+    beyond = np.array([mean_iteration_ms(cell) - fixed_ms for cell in cells])
+    (row, sequence), *_ = np.linalg.lstsq(design, beyond, rcond=None)
+    return (float(row), float(sequence)) if row > 0 and sequence >= 0 else per_row_only
+
+
+def mean_row_ms(cell: dict, fixed_ms: float) -> float:
+    """(mean iteration ms - fixed_ms) / mean rows; the fitted slope without the means."""
+    if not has_means(cell):
+        return cell["iteration_per_row_ms"]
+    return (mean_iteration_ms(cell) - fixed_ms) / cell["rows_per_iteration_mean"]
+
+
+def mean_iteration_ms(cell: dict) -> float:
+    """A generator iteration's mean cost with the runtime's host time: (generation + other ms) / iterations."""
+    return 1000 * (cell["generation_s"] + cell["other_s"]) / cell["iterations"]
+
+
+def loaded_rows(cells: list[dict]) -> float:
+    """The rows of a loaded iteration: the cells' median mean rows (DEFAULT_LOADED_ROWS without means)."""
+    rows = [cell["rows_per_iteration_mean"] for cell in cells if has_means(cell)]
+    return statistics.median(rows) if rows else DEFAULT_LOADED_ROWS
+
+
+def has_means(cell: dict) -> bool:
+    return bool(cell.get("iterations") and cell.get("rows_per_iteration_mean"))
 
 
 def mean_prm_fixed_ms(cell: dict) -> float:
@@ -109,18 +151,30 @@ def mean_prm_fixed_ms(cell: dict) -> float:
     return 1000 * per_call - cell["prm_call_per_token_ms"] * cell["prm_tokens_per_s"] * per_call
 
 
-def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_row: float,
-                     context: int) -> tuple[float, float]:
-    """(iteration_fixed_s, row_overhead_s) that make fixed + overhead * rows + max(compute, memory) equal
-    the measured fixed + per_row * rows: per row the roofline takes the decode FLOPs or the KV bytes read,
-    whichever binds; a memory-bound iteration also reads the weights once, which the fixed part then holds."""
+def host_source(sequence_ms: float) -> str:
+    """Where the host terms come from, for the profile's sources."""
+    if sequence_ms:
+        return ("least squares over the characterize cells of the mean generator iteration's cost beyond the "
+                "fixed part (the runtime's host time included) on the cells' mean rows and live sequences")
+    return ("median over the characterize cells of the mean generator iteration's cost beyond the fixed part "
+            "(the runtime's host time included) per mean row")
+
+
+def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_row: float, context: int,
+                     rows_under_load: float) -> tuple[float, float]:
+    """(iteration_fixed_s, row_overhead_s) that make fixed' + overhead * rows + max(compute, memory) equal the
+    measured fixed + per_row * rows with no rows and at rows_under_load: the roofline reads the weights once per
+    iteration (memory) or computes the decode FLOPs per row (compute), whichever binds, so the weights' read
+    time comes off the fixed part (an iteration of a few rows is memory-bound: it would be charged twice) and
+    the per-row overhead is what the roofline leaves of the measured line at the loaded size."""
     flops = model.body_flops_per_token + model.head_flops_per_row + model.attention_flops_per_key * context
     compute = flops / flop_rate
     kv = model.kv_bytes_per_token * (context + 1) / CPU_BANDWIDTH
-    if kv >= compute:
-        weights = (model.body_weight_bytes + model.head_weight_bytes) / CPU_BANDWIDTH
-        return max(fixed - weights, 0.0), max(per_row - kv, 0.0)
-    return fixed, max(per_row - compute, 0.0)
+    weights = (model.body_weight_bytes + model.head_weight_bytes) / CPU_BANDWIDTH
+    fixed_part = max(fixed - weights, 0.0)
+    roofline = max(compute * rows_under_load, weights + kv * rows_under_load)
+    overhead = (fixed + per_row * rows_under_load - fixed_part - roofline) / rows_under_load
+    return fixed_part, max(overhead, 0.0)
 
 
 def _prm_seconds_per_token(prm_profile, fallback: float) -> tuple[float, float, float, str]:

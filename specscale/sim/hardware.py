@@ -19,7 +19,9 @@ class HardwareProfile:
     """peak_flops: dense bf16 FLOP/s; memory_bandwidth: bytes/s; memory_bytes: device memory.
     compute_efficiency / bandwidth_efficiency: achievable fractions of those peaks.
     iteration_fixed_s: fixed cost of a generator iteration; prm_iteration_fixed_s: of a PRM iteration
-    (one batch of readouts); row_overhead_s: host cost per row of a generator iteration.
+    (one batch of readouts); row_overhead_s: host cost per row of a generator iteration;
+    sequence_overhead_s: host cost per live sequence (scheduled or not) of a generator iteration, 0 where
+    the profile folds it into the other two (files without the field read as 0).
     memory_utilization: share of memory_bytes the two engines may take; reserved_bytes: of that, what
     activations and workspaces keep (the rest after both models' weights is KV cache)."""
 
@@ -35,6 +37,7 @@ class HardwareProfile:
     row_overhead_s: float
     memory_utilization: float
     reserved_bytes: float
+    sequence_overhead_s: float = 0.0
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -44,7 +47,8 @@ class HardwareProfile:
         for name in ("compute_efficiency", "bandwidth_efficiency", "memory_utilization"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{self.name}: {name} must be in (0, 1]")
-        for name in ("iteration_fixed_s", "prm_iteration_fixed_s", "row_overhead_s", "reserved_bytes"):
+        for name in ("iteration_fixed_s", "prm_iteration_fixed_s", "row_overhead_s", "sequence_overhead_s",
+                     "reserved_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.name}: {name} must be >= 0")
 

@@ -10,6 +10,7 @@ the real one, so KV pressure and preemption behave as on the device.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -33,11 +34,13 @@ class HeadModel(ABC):
 
 
 class SimulatedRunner(ModelRunner):
-    """`profile` prices each iteration on `cost_model` in the given role ("generator" or "prm")."""
+    """`profile` prices each iteration on `cost_model` in the given role ("generator" or "prm");
+    live_sequences() counts the sequences its engine holds (the cost model's per-sequence host term)."""
 
     def __init__(self, profile: ModelProfile, head_model: HeadModel, cost_model: CostModel, clock: VirtualClock,
-                 role: str, num_blocks: int, block_size: int, vocab_size: int):
+                 role: str, num_blocks: int, block_size: int, vocab_size: int, live_sequences: Callable[[], int]):
         self.profile, self.head_model, self.cost_model = profile, head_model, cost_model
+        self.live_sequences = live_sequences
         self.clock, self.role = clock, role
         self.num_blocks, self.block_size = num_blocks, block_size
         self.vocab_size = vocab_size
@@ -52,7 +55,7 @@ class SimulatedRunner(ModelRunner):
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         positions, layout = head_layout(batch)
         items = [(row.seq, p) for row, wanted in zip(batch.rows, positions) for p in wanted]
-        work = IterationWork.from_batch(batch, len(items))
+        work = IterationWork.from_batch(batch, len(items), self.live_sequences())
         seconds = self.cost_model.iteration_seconds(self.profile, work, self.role)
         self.clock.advance(seconds)
         self.busy_s += seconds

@@ -78,17 +78,19 @@ class Simulation:
         c = self.config
         head = SyntheticGenerator(self.workload, self.tokenizer, c.seed)
         runner = SimulatedRunner(self.generator_profile, head, self.cost_model, self.clock, "generator",
-                                 self._kv_blocks()[0], c.block_size, self.tokenizer.vocab_size)
+                                 self._kv_blocks()[0], c.block_size, self.tokenizer.vocab_size,
+                                 live_sequences=lambda: engine.num_live_sequences)
         config = EngineConfig(model=f"sim:{c.generator}", block_size=c.block_size, max_num_seqs=c.max_num_seqs,
                               spare_rows=c.spare_rows, seed=c.seed)
-        return Engine(config, runner=runner, tokenizer=self.tokenizer)
+        engine = Engine(config, runner=runner, tokenizer=self.tokenizer)
+        return engine
 
     def _verifier(self) -> Verifier:
         c = self.config
         tokenizer = SyntheticTokenizer(FORMAT_TEMPLATES[self.prm_format], levels=self.workload.levels)
         head = SyntheticPRM(self.workload.prm, tokenizer, self.prm_format, c.seed)
         runner = SimulatedRunner(self.prm_profile, head, self.cost_model, self.clock, "prm", self._kv_blocks()[1],
-                                 c.block_size, tokenizer.vocab_size)
+                                 c.block_size, tokenizer.vocab_size, live_sequences=lambda: engine.num_live_sequences)
         config = EngineConfig(model=f"sim:{c.prm}", block_size=c.block_size, max_num_batched_tokens=8192,
                               max_num_seqs=1024, seed=c.seed)
         engine = Engine(config, runner=runner, tokenizer=tokenizer)
