@@ -144,11 +144,12 @@ def summarize(runs: list[dict], cells) -> dict:
 def promises_beams_paths(variant: str) -> bool:
     """Whether a variant's policies keep beam's selection rule (speculation, pruning, dedup and the timing of
     verification change only the cost), so that its difference to beam is held to the ±2 pp target. DVTS and
-    FastTTS's dynamic branching are other searches: compared with beam, not held to it."""
+    FastTTS are other searches: compared with beam, not held to it (FastTTS's LookAhead head starts change
+    which children are sampled, its dynamic branching how many each path gets)."""
     if variant in (SINGLE, BEST_OF_N):
         return False
     config = preset_config(variant)
-    return config.selection == "beam" and not config.dynamic_branching
+    return config.selection == "beam" and not config.dynamic_branching and not config.lookahead
 
 
 def check_targets(results: dict) -> list[dict]:
