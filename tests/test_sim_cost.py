@@ -270,7 +270,7 @@ def test_cpu_profile_takes_the_fixed_costs_from_a_low_load_run(tmp_path):
     and at 92, where the loaded lines' 1.5 ms intercept made the few-row iteration ~2x too slow."""
     loaded, low = low_load_summaries(tmp_path)
     generator = ModelProfile.load("specscale/assets/toy-generator")
-    profile = fit_cpu_profile(loaded, None, None, decode_context_tokens=150, low_load=low)
+    profile = fit_cpu_profile(loaded, None, None, decode_context_tokens=150, low_load=(low,))
     cost = RooflineCostModel(profile)
     for rows, live in ((5, 8), (92, 148)):
         work = IterationWork(decode_contexts=(150,) * rows, head_rows=rows, live_sequences=live)
@@ -294,8 +294,10 @@ def test_cpu_fit_command_line_takes_a_low_load_summary(tmp_path):
     out = tmp_path / "cpu.json"
     assert main(["--characterize", str(loaded), "--low-load", str(low), "--out", str(out)]) == 0
     profile = HardwareProfile.load(str(out))
-    assert profile == fit_cpu_profile(loaded, None, None, low_load=low)
+    assert profile == fit_cpu_profile(loaded, None, None, low_load=(low,))
     assert str(low) in profile.description
+    pooled = fit_cpu_profile(loaded, None, None, low_load=(low, low))  # two runs: their cells pooled
+    assert pooled.iteration_fixed_s == pytest.approx(profile.iteration_fixed_s, rel=1e-9)
 
 
 def test_a_low_load_fixed_cost_below_the_weights_read_raises_the_bandwidth(tmp_path):
@@ -303,7 +305,7 @@ def test_a_low_load_fixed_cost_below_the_weights_read_raises_the_bandwidth(tmp_p
     (0.41 ms) shows they streamed faster (they stay in the caches): the fit takes the bandwidth from it, and
     the cost model gives back 0.3 ms + the rows at 5 rows, where clamping the fixed part at 0 kept 0.41 ms."""
     loaded, low = low_load_summaries(tmp_path, fixed_ms=0.3)
-    profile = fit_cpu_profile(loaded, None, None, decode_context_tokens=150, low_load=low)
+    profile = fit_cpu_profile(loaded, None, None, decode_context_tokens=150, low_load=(low,))
     generator = ModelProfile.load("specscale/assets/toy-generator")
     weight_bytes = generator.body_weight_bytes + generator.head_weight_bytes
     assert weight_bytes / 16e9 > 0.0004

@@ -33,8 +33,9 @@ so the roofline gives back the generator line's intercept at no rows and the cel
 their mean rows (and live sequences), and the PRM line shifted to its mean. Memory bandwidth is not
 measurable this way; the profile takes the bandwidth a memory-bound decode showed on this kind of machine.
 
-With a low-load run (`--low-load`: a characterize summary at one request in flight, whose iterations hold a
-few rows), the fixed costs come from it and the per-unit costs from the loaded run:
+With a low-load run (`--low-load`: characterize summaries at one request in flight, whose iterations hold a
+few rows; several pool their cells, which evens out the machine's drift between runs), the fixed costs come
+from it and the per-unit costs from the loaded run:
 
     iteration_fixed_s  = the fixed part F that, with the per-row and per-sequence costs the loaded cells give
                          beyond F (least squares as above), reproduces the low-load cells' mean iterations
@@ -81,11 +82,12 @@ DEFAULT_LOADED_ROWS = 64  # rows of a loaded iteration where characterize record
 
 def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | None, out: str | Path | None = None,
                     generator: str | Path = TOY_GENERATOR, prm: str | Path = TOY_PRM,
-                    decode_context_tokens: int = 150, low_load: str | Path | None = None) -> HardwareProfile:
+                    decode_context_tokens: int = 150, low_load: tuple[str | Path, ...] = ()) -> HardwareProfile:
     """The CPU profile (saved to out when given); decode_context_tokens: a decode row's typical context;
-    low_load: a characterize summary at one request in flight, for the fixed costs (module docstring)."""
+    low_load: characterize summaries at one request in flight, their cells pooled, for the fixed costs (module
+    docstring)."""
     cells = characterize_cells(characterize_summary)
-    low_cells = characterize_cells(low_load) if low_load is not None else []
+    low_cells = [cell for summary in low_load for cell in characterize_cells(summary)]
     median = lambda key: statistics.median(cell[key] for cell in cells) / 1000  # noqa: E731 (ms -> s)
     if low_cells:
         iteration_fixed_ms = low_load_fixed_ms(cells, low_cells)
@@ -101,7 +103,7 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
     bandwidth = fixed_cost_bandwidth(generator_model, iteration_fixed_ms / 1000)
     iteration_fixed, row_overhead = _generator_split(generator_model, flop_rate, bandwidth, iteration_fixed_ms / 1000,
                                                      row_ms / 1000, decode_context_tokens, loaded_rows(cells))
-    inputs = ", ".join(str(path) for path in (characterize_summary, low_load, prm_profile) if path)
+    inputs = ", ".join(str(path) for path in (characterize_summary, *low_load, prm_profile) if path)
     profile = HardwareProfile(
         name="cpu", description=f"this project's CPU machine, fitted from {inputs}",
         peak_flops=flop_rate, memory_bandwidth=bandwidth, memory_bytes=CPU_MEMORY, compute_efficiency=1.0,
@@ -275,14 +277,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Fit the simulator's CPU hardware profile from measurements.")
     parser.add_argument("--characterize", required=True, help="specscale bench characterize's summary.json")
     parser.add_argument("--profile-prm", default=None, help="specscale profile-prm's JSON (optional)")
-    parser.add_argument("--low-load", default=None,
-                        help="a characterize summary.json at one request in flight (--max-concurrency 1): the fixed "
-                             "costs come from it, the per-row and per-sequence costs from --characterize (optional)")
+    parser.add_argument("--low-load", nargs="+", default=(),
+                        help="characterize summary.json files at one request in flight (--max-concurrency 1), cells "
+                             "pooled: the fixed costs come from them, the per-row and per-sequence costs from "
+                             "--characterize (optional)")
     parser.add_argument("--out", default=str(HARDWARE_DIR / "cpu.json"), help="profile JSON to write")
     parser.add_argument("--decode-context", type=int, default=150, help="a decode row's typical context (tokens)")
     args = parser.parse_args(argv)
     profile = fit_cpu_profile(args.characterize, args.profile_prm, args.out, decode_context_tokens=args.decode_context,
-                              low_load=args.low_load)
+                              low_load=tuple(args.low_load))
     print(json.dumps(profile.to_json(), indent=2))
     print(f"wrote {args.out}")
     return 0
