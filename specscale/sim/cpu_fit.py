@@ -49,11 +49,15 @@ the fixed part is the lines' intercept under load, about twice what a few-row it
 loaded simulated server ran ~2x slow (docs/simulator.md, "The CPU profile"; docs/BENCHMARKS.md, "A real
 low-load point").
 
+    specscale bench characterize --max-concurrency 1 --problems 16 --repeats 3 --beam-sizes 8 \\
+        --variants beam,specscale --waiting-problems 2 --profile-variant '' --out results/char-low-1
     specscale bench characterize --profile-variant '' --out results/char-loaded
-    specscale bench characterize --max-concurrency 1 --problems 16 --repeats 1 --beam-sizes 8 \\
-        --variants beam,specscale --waiting-problems 2 --profile-variant '' --out results/char-low
+    (the one-in-flight run again, --out results/char-low-2)
     python -m specscale.sim.cpu_fit --characterize results/char-loaded/summary.json \\
-        --low-load results/char-low/summary.json --out cpu.json
+        --low-load results/char-low-1/summary.json results/char-low-2/summary.json --out cpu.json
+
+(one-in-flight runs minutes apart differed by up to 40% on this machine: docs/BENCHMARKS.md, "The low-load
+fit"; pool two around the loaded run).
 
 A few-row iteration reads all the generator's weights, so a fixed cost below their read time at the assumed
 bandwidth means they streamed faster (the toy generator's 6.6 MB stay in the caches): the bandwidth is then
