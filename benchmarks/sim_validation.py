@@ -138,7 +138,7 @@ def template_tokens(params: WorkloadParams) -> int:
 def fit(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    profile = fit_cpu_profile(args.characterize, args.profile_prm, out / "cpu.json")
+    profile = fit_cpu_profile(args.characterize, args.profile_prm, out / "cpu.json", low_load=tuple(args.low_load))
     print(f"wrote {out / 'cpu.json'}: {json.dumps(profile.to_json(), indent=2)}")
     workload = fit_toy_workload(Path(args.trace))
     (out / "toy-workload.json").write_text(json.dumps(workload.to_json(), indent=2) + "\n")
@@ -382,6 +382,8 @@ def build_argument_parser() -> argparse.ArgumentParser:
     fitting = sub.add_parser("fit", help="fit the CPU profile and the toy workload")
     fitting.add_argument("--characterize", required=True, help="specscale bench characterize's summary.json")
     fitting.add_argument("--profile-prm", default=None, help="specscale profile-prm's JSON")
+    fitting.add_argument("--low-load", nargs="+", default=(),
+                         help="characterize summary.json files at one request in flight: the fixed costs (sim/cpu_fit.py)")
     fitting.add_argument("--trace", required=True, help="the trace `trace` recorded")
     fitting.add_argument("--out", required=True, help="folder for cpu.json and toy-workload.json")
     comparing = sub.add_parser("compare", help="simulate real runs and put them side by side")

@@ -244,3 +244,75 @@ def test_cpu_profile_does_not_charge_a_few_row_iteration_the_weights_twice(tmp_p
         work = IterationWork(decode_contexts=(150,) * rows, head_rows=rows)
         expected = (1.5 + rows * 0.045) / 1000
         assert cost.iteration_seconds(generator, work, "generator") == pytest.approx(expected, rel=0.03)
+
+
+def low_load_summaries(tmp_path, fixed_ms=0.6, row_ms=0.05, sequence_ms=0.004):
+    """A loaded characterize run and one at one request in flight, both made with fixed + row x rows +
+    sequence x live per mean iteration, the loaded lines' intercepts at 1.5 ms (what loaded runs measure:
+    about twice a few-row iteration's fixed cost, docs/BENCHMARKS.md, "A real low-load point")."""
+    shapes = {"beam": (92.0, 148.0), "naive-spec": (98.0, 389.0), "ep": (100.0, 224.0), "ep+cd": (74.0, 115.0)}
+    loaded = {variant: {"8": {**characterize_cell(fixed_ms, row_ms, sequence_ms, rows, live), "iteration_fixed_ms": 1.5}}
+              for variant, (rows, live) in shapes.items()}
+    prm_means = {"verifier_calls": 100, "verification_s": 0.6, "prm_tokens_per_s": 200 / 0.006,
+                 "prm_call_per_token_ms": 0.02}  # 6 ms per call of 200 tokens: 2 ms beyond its tokens
+    low = {variant: {"8": {**characterize_cell(fixed_ms, row_ms, sequence_ms, rows, live), "iteration_fixed_ms": 0.5,
+                           **prm_means}}
+           for variant, (rows, live) in {"beam": (4.75, 7.7), "specscale": (5.8, 7.7)}.items()}
+    paths = tmp_path / "loaded.json", tmp_path / "low.json"
+    for path, results in zip(paths, (loaded, low)):
+        path.write_text(json.dumps({"results": results}))
+    return paths
+
+
+def test_cpu_profile_takes_the_fixed_costs_from_a_low_load_run(tmp_path):
+    """With a one-in-flight characterize run, the fixed part is what its few-row mean iterations cost beyond
+    the loaded run's per-row and per-sequence terms: the cost model gives back the mean iteration at 5 rows
+    and at 92, where the loaded lines' 1.5 ms intercept made the few-row iteration ~2x too slow."""
+    loaded, low = low_load_summaries(tmp_path)
+    generator = ModelProfile.load("specscale/assets/toy-generator")
+    profile = fit_cpu_profile(loaded, None, None, decode_context_tokens=150, low_load=(low,))
+    cost = RooflineCostModel(profile)
+    for rows, live in ((5, 8), (92, 148)):
+        work = IterationWork(decode_contexts=(150,) * rows, head_rows=rows, live_sequences=live)
+        expected = (0.6 + rows * 0.05 + live * 0.004) / 1000
+        assert cost.iteration_seconds(generator, work, "generator") == pytest.approx(expected, rel=0.03)
+    assert profile.sequence_overhead_s == pytest.approx(0.004e-3, rel=1e-3)
+    assert profile.prm_iteration_fixed_s == pytest.approx(0.002, rel=1e-6)  # the low-load calls', not 2.5 ms
+    assert "low-load" in profile.sources["iteration_fixed_s"] and "low-load" in profile.sources["prm_iteration_fixed_s"]
+    few_rows = IterationWork(decode_contexts=(150,) * 5, head_rows=5, live_sequences=8)
+    loaded_only = RooflineCostModel(fit_cpu_profile(loaded, None, None, decode_context_tokens=150))
+    assert loaded_only.iteration_seconds(generator, few_rows, "generator") > 1.5 * cost.iteration_seconds(
+        generator, few_rows, "generator")
+
+
+def test_cpu_fit_command_line_takes_a_low_load_summary(tmp_path):
+    """`python -m specscale.sim.cpu_fit --characterize LOADED --low-load ONE_IN_FLIGHT --out FILE` writes the
+    profile fitted from both and names both inputs."""
+    from specscale.sim.cpu_fit import main
+
+    loaded, low = low_load_summaries(tmp_path)
+    out = tmp_path / "cpu.json"
+    assert main(["--characterize", str(loaded), "--low-load", str(low), "--out", str(out)]) == 0
+    profile = HardwareProfile.load(str(out))
+    assert profile == fit_cpu_profile(loaded, None, None, low_load=(low,))
+    assert str(low) in profile.description
+    pooled = fit_cpu_profile(loaded, None, None, low_load=(low, low))  # two runs: their cells pooled
+    assert pooled.iteration_fixed_s == pytest.approx(profile.iteration_fixed_s, rel=1e-9)
+
+
+def test_a_low_load_fixed_cost_below_the_weights_read_raises_the_bandwidth(tmp_path):
+    """A few-row iteration that costs less beyond its rows than reading the toy generator's weights at 16 GB/s
+    (0.41 ms) shows they streamed faster (they stay in the caches): the fit takes the bandwidth from it, and
+    the cost model gives back 0.3 ms + the rows at 5 rows, where clamping the fixed part at 0 kept 0.41 ms."""
+    loaded, low = low_load_summaries(tmp_path, fixed_ms=0.3)
+    profile = fit_cpu_profile(loaded, None, None, decode_context_tokens=150, low_load=(low,))
+    generator = ModelProfile.load("specscale/assets/toy-generator")
+    weight_bytes = generator.body_weight_bytes + generator.head_weight_bytes
+    assert weight_bytes / 16e9 > 0.0004
+    assert profile.memory_bandwidth == pytest.approx(weight_bytes / 0.0003, rel=0.02)
+    assert profile.iteration_fixed_s == 0 and "fitted" in profile.sources["memory_bandwidth"]
+    cost = RooflineCostModel(profile)
+    for rows, live in ((5, 8), (92, 148)):
+        work = IterationWork(decode_contexts=(150,) * rows, head_rows=rows, live_sequences=live)
+        expected = (0.3 + rows * 0.05 + live * 0.004) / 1000
+        assert cost.iteration_seconds(generator, work, "generator") == pytest.approx(expected, rel=0.03)

@@ -33,8 +33,35 @@ so the roofline gives back the generator line's intercept at no rows and the cel
 their mean rows (and live sequences), and the PRM line shifted to its mean. Memory bandwidth is not
 measurable this way; the profile takes the bandwidth a memory-bound decode showed on this kind of machine.
 
-    python -m specscale.sim.cpu_fit --characterize docs/bench/characterize/summary.json \\
-        --profile-prm docs/bench/sim-validation/gemm-idle/prm-profile.json --out cpu.json
+With a low-load run (`--low-load`: characterize summaries at one request in flight, whose iterations hold a
+few rows; several pool their cells, which evens out the machine's drift between runs), the fixed costs come
+from it and the per-unit costs from the loaded run:
+
+    iteration_fixed_s  = the fixed part F that, with the per-row and per-sequence costs the loaded cells give
+                         beyond F (least squares as above), reproduces the low-load cells' mean iterations
+                         (host time included): the median over them of mean - per_row x rows - per_sequence x
+                         live, solved for F by fixed-point iteration (the terms fitted beyond F depend on F),
+                         less the weights' read time as above
+    prm_iteration_fixed_s = the low-load cells' median mean PRM call beyond its tokens
+
+so the cost model gives back the mean iteration both at a few rows and under load. From loaded runs alone
+the fixed part is the lines' intercept under load, about twice what a few-row iteration costs, and a lightly
+loaded simulated server ran ~2x slow (docs/simulator.md, "The CPU profile"; docs/BENCHMARKS.md, "A real
+low-load point").
+
+    specscale bench characterize --max-concurrency 1 --problems 16 --repeats 3 --beam-sizes 8 \\
+        --variants beam,specscale --waiting-problems 2 --profile-variant '' --out results/char-low-1
+    specscale bench characterize --profile-variant '' --out results/char-loaded
+    (the one-in-flight run again, --out results/char-low-2)
+    python -m specscale.sim.cpu_fit --characterize results/char-loaded/summary.json \\
+        --low-load results/char-low-1/summary.json results/char-low-2/summary.json --out cpu.json
+
+(one-in-flight runs minutes apart differed by up to 40% on this machine: docs/BENCHMARKS.md, "The low-load
+fit"; pool two around the loaded run).
+
+A few-row iteration reads all the generator's weights, so a fixed cost below their read time at the assumed
+bandwidth means they streamed faster (the toy generator's 6.6 MB stay in the caches): the bandwidth is then
+the weights over the fixed cost, and the fixed part beyond the roofline is 0.
 """
 
 from __future__ import annotations
@@ -59,40 +86,44 @@ DEFAULT_LOADED_ROWS = 64  # rows of a loaded iteration where characterize record
 
 def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | None, out: str | Path | None = None,
                     generator: str | Path = TOY_GENERATOR, prm: str | Path = TOY_PRM,
-                    decode_context_tokens: int = 150) -> HardwareProfile:
-    """The CPU profile (saved to out when given); decode_context_tokens: a decode row's typical context."""
-    cells = [cell for by_size in json.loads(Path(characterize_summary).read_text())["results"].values()
-             for cell in by_size.values()]
+                    decode_context_tokens: int = 150, low_load: tuple[str | Path, ...] = ()) -> HardwareProfile:
+    """The CPU profile (saved to out when given); decode_context_tokens: a decode row's typical context;
+    low_load: characterize summaries at one request in flight, their cells pooled, for the fixed costs (module
+    docstring)."""
+    cells = characterize_cells(characterize_summary)
+    low_cells = [cell for summary in low_load for cell in characterize_cells(summary)]
     median = lambda key: statistics.median(cell[key] for cell in cells) / 1000  # noqa: E731 (ms -> s)
-    iteration_fixed_ms = statistics.median(cell["iteration_fixed_ms"] for cell in cells)
+    if low_cells:
+        iteration_fixed_ms = low_load_fixed_ms(cells, low_cells)
+    else:
+        iteration_fixed_ms = statistics.median(cell["iteration_fixed_ms"] for cell in cells)
     row_ms, sequence_ms = host_split_ms(cells, iteration_fixed_ms)
-    prm_fixed_ms = statistics.median(map(mean_prm_fixed_ms, cells))
+    prm_fixed_ms = statistics.median(map(mean_prm_fixed_ms, low_cells or cells))
     generator_model, prm_model = ModelProfile.load(str(generator)), ModelProfile.load(str(prm))
     per_token, context, step, token_source = _prm_seconds_per_token(prm_profile, median("prm_call_per_token_ms"))
     prm_flops = (prm_model.body_flops_per_token + prm_model.attention_flops_per_key * (context + (step + 1) / 2)
                  + prm_model.head_flops_per_row / step)
     flop_rate = prm_flops / per_token
-    iteration_fixed, row_overhead = _generator_split(generator_model, flop_rate, iteration_fixed_ms / 1000,
+    bandwidth = fixed_cost_bandwidth(generator_model, iteration_fixed_ms / 1000)
+    iteration_fixed, row_overhead = _generator_split(generator_model, flop_rate, bandwidth, iteration_fixed_ms / 1000,
                                                      row_ms / 1000, decode_context_tokens, loaded_rows(cells))
-    inputs = f"{characterize_summary}" + (f" and {prm_profile}" if prm_profile else "")
+    inputs = ", ".join(str(path) for path in (characterize_summary, *low_load, prm_profile) if path)
     profile = HardwareProfile(
         name="cpu", description=f"this project's CPU machine, fitted from {inputs}",
-        peak_flops=flop_rate, memory_bandwidth=CPU_BANDWIDTH, memory_bytes=CPU_MEMORY, compute_efficiency=1.0,
+        peak_flops=flop_rate, memory_bandwidth=bandwidth, memory_bytes=CPU_MEMORY, compute_efficiency=1.0,
         bandwidth_efficiency=1.0, iteration_fixed_s=iteration_fixed,
         prm_iteration_fixed_s=prm_fixed_ms / 1000, row_overhead_s=row_overhead, memory_utilization=0.9,
         reserved_bytes=2**30, sequence_overhead_s=sequence_ms / 1000,
         sources={
             "peak_flops": f"fitted: toy PRM FLOPs per token ({prm_flops:.3g}) / seconds per token ({per_token:.3g}, "
                           f"{token_source}); already achievable, so compute_efficiency is 1",
-            "memory_bandwidth": "measured on this kind of machine: vLLM-CPU decoded a Qwen2.5-0.5B-shaped model "
-                                "(0.99 GB bf16) at 16 tokens/s at batch 1",
+            "memory_bandwidth": bandwidth_source(bandwidth),
             "memory_bytes": "the machine's 24 GiB", "compute_efficiency": "fitted rate is the achievable one",
             "bandwidth_efficiency": "the measured bandwidth is the achievable one",
-            "iteration_fixed_s": f"fitted: median over {len(cells)} characterize cells of the generator line's "
-                                 "intercept, less the weights' read time (the roofline charges it to a few-row, "
-                                 "memory-bound iteration)",
-            "prm_iteration_fixed_s": f"fitted: median over {len(cells)} characterize cells of the mean PRM call's "
-                                     "cost beyond its tokens",
+            "iteration_fixed_s": fixed_source(len(cells), len(low_cells)),
+            "prm_iteration_fixed_s": f"fitted: median over {len(low_cells or cells)} "
+                                     f"{'low-load ' if low_cells else ''}characterize cells of the mean PRM "
+                                     "call's cost beyond its tokens",
             "row_overhead_s": f"fitted: {host_source(sequence_ms)}: per row, minus what the roofline charges per "
                               f"row at the cells' mean rows (the toy generator's decode FLOPs, or its weights and "
                               f"KV bytes, at a {decode_context_tokens}-token context, whichever binds)",
@@ -106,6 +137,45 @@ def fit_cpu_profile(characterize_summary: str | Path, prm_profile: str | Path | 
     if out is not None:
         profile.save(Path(out))
     return profile
+
+
+def characterize_cells(summary: str | Path) -> list[dict]:
+    """Every (variant, beam size) cell of a characterize summary.json."""
+    return [cell for by_size in json.loads(Path(summary).read_text())["results"].values() for cell in by_size.values()]
+
+
+def low_load_fixed_ms(loaded: list[dict], low: list[dict], tolerance_ms: float = 1e-6, rounds: int = 100) -> float:
+    """The fixed ms F with which the per-row and per-sequence costs the loaded cells fit beyond F
+    (host_split_ms) give back the low-load cells' mean iterations: the median over the low-load cells of
+    mean - row x rows - sequence x live, iterated from their lines' median intercept until F settles (the
+    terms fitted beyond F shrink as F grows, by about F / the loaded rows, so each round contracts)."""
+    fixed_ms = statistics.median(cell["iteration_fixed_ms"] for cell in low)
+    for _ in range(rounds):
+        row_ms, sequence_ms = host_split_ms(loaded, fixed_ms)
+        settled = statistics.median(low_load_residual_ms(cell, row_ms, sequence_ms) for cell in low)
+        if abs(settled - fixed_ms) < tolerance_ms:
+            return settled
+        fixed_ms = settled
+    return fixed_ms
+
+
+def low_load_residual_ms(cell: dict, row_ms: float, sequence_ms: float) -> float:
+    """What a low-load cell's mean iteration costs beyond its rows and live sequences; the fitted line's
+    intercept for a cell without the means."""
+    if not has_means(cell):
+        return cell["iteration_fixed_ms"]
+    return (mean_iteration_ms(cell) - row_ms * cell["rows_per_iteration_mean"]
+            - sequence_ms * cell.get("live_sequences_mean", 0.0))
+
+
+def fixed_source(loaded_cells: int, low_cells: int) -> str:
+    """Where iteration_fixed_s comes from, for the profile's sources."""
+    less_weights = ", less the weights' read time (the roofline charges it to a few-row, memory-bound iteration)"
+    if low_cells:
+        return (f"fitted: what the median of {low_cells} low-load characterize cells' mean iterations (host time "
+                f"included) cost beyond the per-row and per-sequence terms of {loaded_cells} loaded cells" +
+                less_weights)
+    return f"fitted: median over {loaded_cells} characterize cells of the generator line's intercept" + less_weights
 
 
 def host_split_ms(cells: list[dict], fixed_ms: float) -> tuple[float, float]:
@@ -160,8 +230,27 @@ def host_source(sequence_ms: float) -> str:
             "(the runtime's host time included) per mean row")
 
 
-def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_row: float, context: int,
-                     rows_under_load: float) -> tuple[float, float]:
+def fixed_cost_bandwidth(model: ModelProfile, fixed_s: float) -> float:
+    """CPU_BANDWIDTH, or more where the measured fixed cost of an iteration is less than reading the generator's
+    weights at CPU_BANDWIDTH: a few-row iteration reads them all, so they streamed at least that fast (the toy
+    generator's 6.6 MB stay in the caches; a one-in-flight run's few-row iterations showed it, docs/simulator.md,
+    "The CPU profile")."""
+    weight_bytes = model.body_weight_bytes + model.head_weight_bytes
+    return max(CPU_BANDWIDTH, weight_bytes / fixed_s) if fixed_s > 0 else CPU_BANDWIDTH
+
+
+def bandwidth_source(bandwidth: float) -> str:
+    """Where memory_bandwidth comes from, for the profile's sources."""
+    measured = ("measured on this kind of machine: vLLM-CPU decoded a Qwen2.5-0.5B-shaped model (0.99 GB bf16) at "
+                "16 tokens/s at batch 1")
+    if bandwidth == CPU_BANDWIDTH:
+        return measured
+    return (f"fitted: the generator's weights over the fitted fixed cost of an iteration, which is less than their "
+            f"read time at the {CPU_BANDWIDTH / 1e9:.0f} GB/s {measured}")
+
+
+def _generator_split(model: ModelProfile, flop_rate: float, bandwidth: float, fixed: float, per_row: float,
+                     context: int, rows_under_load: float) -> tuple[float, float]:
     """(iteration_fixed_s, row_overhead_s) that make fixed' + overhead * rows + max(compute, memory) equal the
     measured fixed + per_row * rows with no rows and at rows_under_load: the roofline reads the weights once per
     iteration (memory) or computes the decode FLOPs per row (compute), whichever binds, so the weights' read
@@ -169,8 +258,8 @@ def _generator_split(model: ModelProfile, flop_rate: float, fixed: float, per_ro
     the per-row overhead is what the roofline leaves of the measured line at the loaded size."""
     flops = model.body_flops_per_token + model.head_flops_per_row + model.attention_flops_per_key * context
     compute = flops / flop_rate
-    kv = model.kv_bytes_per_token * (context + 1) / CPU_BANDWIDTH
-    weights = (model.body_weight_bytes + model.head_weight_bytes) / CPU_BANDWIDTH
+    kv = model.kv_bytes_per_token * (context + 1) / bandwidth
+    weights = (model.body_weight_bytes + model.head_weight_bytes) / bandwidth
     fixed_part = max(fixed - weights, 0.0)
     roofline = max(compute * rows_under_load, weights + kv * rows_under_load)
     overhead = (fixed + per_row * rows_under_load - fixed_part - roofline) / rows_under_load
@@ -192,10 +281,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Fit the simulator's CPU hardware profile from measurements.")
     parser.add_argument("--characterize", required=True, help="specscale bench characterize's summary.json")
     parser.add_argument("--profile-prm", default=None, help="specscale profile-prm's JSON (optional)")
+    parser.add_argument("--low-load", nargs="+", default=(),
+                        help="characterize summary.json files at one request in flight (--max-concurrency 1), cells "
+                             "pooled: the fixed costs come from them, the per-row and per-sequence costs from "
+                             "--characterize (optional)")
     parser.add_argument("--out", default=str(HARDWARE_DIR / "cpu.json"), help="profile JSON to write")
     parser.add_argument("--decode-context", type=int, default=150, help="a decode row's typical context (tokens)")
     args = parser.parse_args(argv)
-    profile = fit_cpu_profile(args.characterize, args.profile_prm, args.out, decode_context_tokens=args.decode_context)
+    profile = fit_cpu_profile(args.characterize, args.profile_prm, args.out, decode_context_tokens=args.decode_context,
+                              low_load=tuple(args.low_load))
     print(json.dumps(profile.to_json(), indent=2))
     print(f"wrote {args.out}")
     return 0
