@@ -136,6 +136,13 @@ def test_cpu_profile_fit_reproduces_the_measured_lines(tmp_path):
     assert all(profile.sources.get(name) for name in ("peak_flops", "iteration_fixed_s", "row_overhead_s"))
 
 
+
+def fit_one_cell(tmp_path, cell: dict):
+    """The CPU profile fitted from a characterize summary holding one (beam, N = 8) cell."""
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"results": {"beam": {"8": cell}}}))
+    return fit_cpu_profile(summary, None, None, decode_context_tokens=150)
+
 def test_cpu_profile_fit_gives_back_the_measured_means_host_time_included(tmp_path):
     """With the cells' means, the fixed costs are what a mean iteration (PRM call) cost beyond its rows
     (tokens), the runtime's host time ("other") charged to the generator: the simulated run then spends the
@@ -144,9 +151,7 @@ def test_cpu_profile_fit_gives_back_the_measured_means_host_time_included(tmp_pa
             "prm_call_per_token_ms": 0.025, "iterations": 400, "rows_per_iteration_mean": 100.0,
             "generation_s": 2.0, "other_s": 0.4, "verifier_calls": 100, "verification_s": 1.0,
             "prm_tokens_per_s": 25_000.0}  # 6 ms per iteration, 10 ms per call of 250 tokens
-    summary = tmp_path / "summary.json"
-    summary.write_text(json.dumps({"results": {"beam": {"8": cell}}}))
-    profile = fit_cpu_profile(summary, None, None, decode_context_tokens=150)
+    profile = fit_one_cell(tmp_path, cell)
     cost = RooflineCostModel(profile)
     generator = ModelProfile.load("specscale/assets/toy-generator")
     work = IterationWork(decode_contexts=(150,) * 100, head_rows=100)
@@ -170,9 +175,7 @@ def test_cpu_profile_charges_the_host_time_per_row_not_per_iteration(tmp_path):
     under load charged it 3.3 ms, 2.2x the measured line's 1.8 ms (docs/simulator.md, "The CPU profile")."""
     cell = characterize_cell(1.5, 0.045, 0.0, rows=100.0, live=0.0)  # 6 ms per iteration at 100 rows
     del cell["live_sequences_mean"]  # a summary from before live sequences were recorded
-    summary = tmp_path / "summary.json"
-    summary.write_text(json.dumps({"results": {"beam": {"8": cell}}}))
-    profile = fit_cpu_profile(summary, None, None, decode_context_tokens=150)
+    profile = fit_one_cell(tmp_path, cell)
     cost = RooflineCostModel(profile)
     generator = ModelProfile.load("specscale/assets/toy-generator")
     for rows, expected in ((100, 0.006), (10, 0.0015 + 10 * 0.045e-3)):
@@ -232,9 +235,7 @@ def test_cpu_profile_does_not_charge_a_few_row_iteration_the_weights_twice(tmp_p
     the cost model gives back the measured line at 4 rows as at the loaded 100; kept in the fixed part, a
     4-row iteration cost the weights' 0.41 ms twice (+24%)."""
     cell = {**characterize_cell(1.5, 0.045, 0.0, rows=100.0, live=0.0), "prm_call_per_token_ms": 0.05}
-    summary = tmp_path / "summary.json"
-    summary.write_text(json.dumps({"results": {"beam": {"8": cell}}}))
-    profile = fit_cpu_profile(summary, None, None, decode_context_tokens=150)
+    profile = fit_one_cell(tmp_path, cell)
     cost = RooflineCostModel(profile)
     generator = ModelProfile.load("specscale/assets/toy-generator")
     loaded = IterationWork(decode_contexts=(150,) * 100, head_rows=100)
