@@ -136,12 +136,12 @@ def test_cpu_profile_fit_reproduces_the_measured_lines(tmp_path):
     assert all(profile.sources.get(name) for name in ("peak_flops", "iteration_fixed_s", "row_overhead_s"))
 
 
-
 def fit_one_cell(tmp_path, cell: dict):
     """The CPU profile fitted from a characterize summary holding one (beam, N = 8) cell."""
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"results": {"beam": {"8": cell}}}))
     return fit_cpu_profile(summary, None, None, decode_context_tokens=150)
+
 
 def test_cpu_profile_fit_gives_back_the_measured_means_host_time_included(tmp_path):
     """With the cells' means, the fixed costs are what a mean iteration (PRM call) cost beyond its rows
