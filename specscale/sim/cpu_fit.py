@@ -182,13 +182,13 @@ def host_split_ms(cells: list[dict], fixed_ms: float) -> tuple[float, float]:
     """(ms per row, ms per live sequence) of the mean iteration beyond fixed_ms: least squares through the
     cells' means on their mean rows and live sequences when at least 3 cells recorded both and both costs
     come out non-negative; else the median cell's cost per row and none per sequence."""
-    per_row_only = statistics.median(mean_row_ms(cell, fixed_ms) for cell in cells), 0.0
-    if len(cells) < 3 or not all(has_means(cell) and cell.get("live_sequences_mean") for cell in cells):
-        return per_row_only
-    design = np.array([[cell["rows_per_iteration_mean"], cell["live_sequences_mean"]] for cell in cells])
-    beyond = np.array([mean_iteration_ms(cell) - fixed_ms for cell in cells])
-    (row, sequence), *_ = np.linalg.lstsq(design, beyond, rcond=None)
-    return (float(row), float(sequence)) if row > 0 and sequence >= 0 else per_row_only
+    if len(cells) >= 3 and all(has_means(cell) and cell.get("live_sequences_mean") for cell in cells):
+        design = np.array([[cell["rows_per_iteration_mean"], cell["live_sequences_mean"]] for cell in cells])
+        beyond = np.array([mean_iteration_ms(cell) - fixed_ms for cell in cells])
+        (row, sequence), *_ = np.linalg.lstsq(design, beyond, rcond=None)
+        if row > 0 and sequence >= 0:
+            return float(row), float(sequence)
+    return statistics.median(mean_row_ms(cell, fixed_ms) for cell in cells), 0.0
 
 
 def mean_row_ms(cell: dict, fixed_ms: float) -> float:
@@ -235,8 +235,12 @@ def fixed_cost_bandwidth(model: ModelProfile, fixed_s: float) -> float:
     weights at CPU_BANDWIDTH: a few-row iteration reads them all, so they streamed at least that fast (the toy
     generator's 6.6 MB stay in the caches; a one-in-flight run's few-row iterations showed it, docs/simulator.md,
     "The CPU profile")."""
-    weight_bytes = model.body_weight_bytes + model.head_weight_bytes
-    return max(CPU_BANDWIDTH, weight_bytes / fixed_s) if fixed_s > 0 else CPU_BANDWIDTH
+    return max(CPU_BANDWIDTH, iteration_weight_bytes(model) / fixed_s) if fixed_s > 0 else CPU_BANDWIDTH
+
+
+def iteration_weight_bytes(model: ModelProfile) -> int:
+    """The weights a decode iteration reads: the body and the head (the embedding rows it gathers are few)."""
+    return model.body_weight_bytes + model.head_weight_bytes
 
 
 def bandwidth_source(bandwidth: float) -> str:
@@ -259,7 +263,7 @@ def _generator_split(model: ModelProfile, flop_rate: float, bandwidth: float, fi
     flops = model.body_flops_per_token + model.head_flops_per_row + model.attention_flops_per_key * context
     compute = flops / flop_rate
     kv = model.kv_bytes_per_token * (context + 1) / bandwidth
-    weights = (model.body_weight_bytes + model.head_weight_bytes) / bandwidth
+    weights = iteration_weight_bytes(model) / bandwidth
     fixed_part = max(fixed - weights, 0.0)
     roofline = max(compute * rows_under_load, weights + kv * rows_under_load)
     overhead = (fixed + per_row * rows_under_load - fixed_part - roofline) / rows_under_load
