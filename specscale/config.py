@@ -55,8 +55,9 @@ class EngineConfig:
 
 AGGREGATIONS = ("last", "min", "prod", "mean")
 SELECTIONS = ("beam", "dvts", "best_of_n")
-VERIFICATIONS = ("round", "immediate", "lazy", "per_request")
+VERIFICATIONS = ("round", "immediate", "lazy", "lazy_round", "per_request")
 LV_POLICIES = ("fixed", "adaptive")
+LV_FLUSH_SCOPES = ("queue", "request")
 BRANCHING_SCORES = ("decided", "lookahead")
 
 
@@ -70,11 +71,15 @@ class SearchConfig:
     decided, up to speculation_depth rounds ahead of the last decided round. prune_strict /
     perfect_shortcut: early pruning. dedup: computation deduplication (CD). verification: "round" (a
     request's whole round at once, batched across requests), "immediate" (each step as it finishes),
-    "lazy" (queued, flushed on the lazy-verification triggers), "per_request" (FastTTS: one PRM call per
+    "lazy" (queued, flushed on the lazy-verification triggers), "lazy_round" (a round at once, queued as
+    "lazy" is; the no-speculation control), "per_request" (FastTTS: one PRM call per
     round per request). lv_policy: which triggers flush lazy steps, "fixed" (threshold, sibling group,
     deferral and age caps) or "adaptive" (sibling group, or waiting time, speculative work and KV pressure
-    against the lv_*_budget fields; search/lazy_flush.py). lv_ride_along: lazy steps join any PRM batch that
-    runs anyway (None: the policy's default, on for adaptive only).
+    against the lv_*_budget fields; search/lazy_flush.py); the token threshold is the verifier's (the
+    runtime's), never a request's. lv_flush_scope: what a trigger flushes, "queue" (every queued lazy step of
+    every request: the paper's lazy verification) or "request" (the triggering request's steps only: an
+    ablation). lv_ride_along: lazy steps join any PRM batch that runs anyway (None: on with the queue scope;
+    with the request scope, on for adaptive only).
     lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
     the FastTTS pieces (LookAhead continuations, children by min-subtracted score, the mean and spread of
     the share of a continuation's tokens every other retained copy starts from, the per-request valve).
@@ -100,10 +105,10 @@ class SearchConfig:
     perfect_shortcut: bool = False
     dedup: bool = False
     verification: str = "round"
-    lv_threshold_tokens: int | None = None
     lv_max_deferrals: int = 6
     lv_max_age_s: float = 2.0
     lv_policy: str = "fixed"
+    lv_flush_scope: str = "queue"
     lv_ride_along: bool | None = None
     lv_wait_budget_calls: float = 2.0
     lv_speculative_budget_tokens: float = 512.0
@@ -131,6 +136,7 @@ class SearchConfig:
         _check(self.speculation_depth >= 1, "speculation_depth must be >= 1")
         _check(self.lv_max_deferrals >= 0, "lv_max_deferrals must be >= 0")
         _check(self.lv_policy in LV_POLICIES, f"lv_policy must be one of {LV_POLICIES}")
+        _check(self.lv_flush_scope in LV_FLUSH_SCOPES, f"lv_flush_scope must be one of {LV_FLUSH_SCOPES}")
         _check(self.lv_wait_budget_calls > 0, "lv_wait_budget_calls must be > 0")
         _check(self.lv_speculative_budget_tokens > 0, "lv_speculative_budget_tokens must be > 0")
         _check(0.5 < self.lv_kv_budget <= 1, "lv_kv_budget must be in (0.5, 1]")

@@ -8,27 +8,29 @@ runtimes through `runtime(...)`, so whatever drives a runtime runs on either.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
+
+import torch
 
 from specscale.chat_text import render_chat_text
 from specscale.config import EngineConfig, SearchConfig
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.engine.engine import Engine
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
+from specscale.row_budget import checkpoint_row_budget, hardware_profile_for
 from specscale.search.backend import GeneratorBackend, VerifierBackend
 from specscale.search.engine_backend import EngineBackend
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.verify.prm import Verifier, VerifierConfig
 from specscale.verify.profile import load_lv_threshold
 
+logger = logging.getLogger(__name__)
+
 # When this PRM and device were never profiled: a 7-8B PRM's prefill on an A100 saturates near
 # 2,048 batch tokens (docs/BENCHMARKS.md, the PRM profile).
 DEFAULT_LV_THRESHOLD = 2048
-# On a CPU a decode iteration costs about fixed + 0.055 ms per row past a few dozen rows (docs/BENCHMARKS.md,
-# characterize): speculative rows pay only while they ride in that near-fixed-cost room. On an accelerator
-# decode is memory-bound far beyond that, so speculation may fill the batch (no cap).
-CPU_SPARE_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,8 @@ class PipelineConfig:
     generator_kv_gb: float = 2.0
     prm_kv_gb: float = 1.0
     max_num_seqs: int = 512
-    spare_rows: int | None = None  # speculative rows fill an iteration up to this many; None: per device
+    spare_rows: int | None = None  # speculative rows fill an iteration up to this many; None: the device's
+    # budget from its cost model (row_budget.py), unbounded on a device without a profile
     max_concurrency: int = 32
     lv_threshold_tokens: int | None = None
     system_prompt: str = TOY_GENERATOR_SYSTEM_PROMPT
@@ -82,18 +85,27 @@ class Pipeline:
         return EngineBackend(self.engine), self.verifier
 
     def runtime(self, max_concurrency: int | None = None, generator: GeneratorBackend | None = None,
-                verifier: VerifierBackend | None = None, **options) -> SearchRuntime:
+                verifier: VerifierBackend | None = None, lv_threshold_tokens: int | None = None,
+                **options) -> SearchRuntime:
         """A runtime with fresh metrics over this pipeline's backends (or instrumented stand-ins for them);
-        options: `SearchRuntime`'s callbacks and keep_finished."""
+        lv_threshold_tokens None takes the pipeline's (a sweep sets its own); options: `SearchRuntime`'s
+        callbacks and keep_finished."""
         own_generator, own_verifier = self.backends()
         return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
                              max_concurrency=max_concurrency or self.config.max_concurrency,
-                             lv_threshold_tokens=self.lv_threshold_tokens, **options)
+                             lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold_tokens, **options)
 
     def _spare_rows(self) -> int | None:
-        if self.config.spare_rows is not None:
-            return self.config.spare_rows
-        return CPU_SPARE_ROWS if self.config.device == "cpu" else None
+        """The speculative row budget: the config's, else the device's (row_budget.py)."""
+        config = self.config
+        if config.spare_rows is not None:
+            return config.spare_rows
+        name = torch.cuda.get_device_name(config.device) if config.device.startswith("cuda") else None
+        hardware = hardware_profile_for(config.device, name)
+        if hardware is None:
+            logger.warning("no cost profile for %s (%s): speculative rows may fill the batch", config.device, name)
+            return None
+        return checkpoint_row_budget(config.generator, config.generator_dtype, hardware, config.max_num_seqs)
 
     def _lv_threshold(self) -> int:
         if self.config.lv_threshold_tokens is not None:

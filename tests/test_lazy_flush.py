@@ -16,6 +16,7 @@ from specscale.sim.scripted_verifier import ScriptedVerifier
 
 THRESHOLD = 1000
 FIXED = FixedTriggers(THRESHOLD, max_deferrals=6, max_age_s=2.0)
+FIXED_OWN_STEPS = FixedTriggers(THRESHOLD, max_deferrals=6, max_age_s=2.0, rides_along=False, whole_queue=False)
 ADAPTIVE = AdaptiveBudget(THRESHOLD, wait_budget_calls=2.0, speculative_budget_tokens=500.0, kv_budget=0.9)
 CALM = FlushSignals(kv_used_share=0.1, prm_call_s=1.0, speculative_tokens={})
 
@@ -102,10 +103,12 @@ def test_signals_are_read_once_per_tick_and_only_when_a_policy_needs_them():
 
 
 def test_the_config_names_the_policy_and_the_preset_is_specscale_with_it():
-    assert flush_policy(SearchConfig(), 64) == FixedTriggers(64, 6, 2.0)
+    assert flush_policy(SearchConfig(), 64) == FixedTriggers(64, 6, 2.0)  # the whole queue, riding along
     assert flush_policy(SearchConfig(lv_policy="adaptive", lv_wait_budget_calls=3.0), 64) == AdaptiveBudget(
         64, 3.0, 512.0, 0.9)
-    assert flush_policy(SearchConfig(lv_ride_along=True), 64) == FixedTriggers(64, 6, 2.0, rides_along=True)
+    own = flush_policy(SearchConfig(lv_flush_scope="request"), 64)
+    assert own == FixedTriggers(64, 6, 2.0, rides_along=False, whole_queue=False)
+    assert flush_policy(SearchConfig(lv_flush_scope="request", lv_ride_along=True), 64).rides_along
     assert not flush_policy(SearchConfig(lv_policy="adaptive", lv_ride_along=False), 64).rides_along
     assert preset_config("specscale-adaptive") == replace(preset_config("specscale"), lv_policy="adaptive")
     with pytest.raises(ValueError, match="lv_policy"):
@@ -137,14 +140,14 @@ def test_where_the_fixed_deferral_cap_flushes_every_tick_adaptive_batches_by_sib
     assert len(adaptive.verifier.batches) < len(fixed.verifier.batches)
 
 
-def test_adaptive_steps_ride_along_with_a_prm_batch_that_runs_anyway_and_fixed_ones_wait():
+def test_adaptive_steps_ride_along_with_a_prm_batch_that_runs_anyway_and_request_scope_fixed_ones_wait():
     queue = VerifyQueue()
     queue.push(queued(ADAPTIVE, request="adaptive"))
-    queue.push(queued(FIXED, request="fixed"))
+    queue.push(queued(FIXED_OWN_STEPS, request="fixed"))
     queue.push(QueuedStep("eager", 1, None, False, "immediate", 5, 0.0, None))
     assert [i.request for i in queue.ready_batch(0.0, lambda: CALM)] == ["eager", "adaptive"]
     assert queue.flush_reasons == {"ride-along": 1} and [i.request for i in queue.items] == ["fixed"]
     queue.push(queued(ADAPTIVE, request="adaptive"))
-    queue.push(queued(FIXED, group=True, request="another fixed"))  # its sibling group completes: it flushes
+    queue.push(queued(FIXED_OWN_STEPS, group=True, request="another fixed"))  # its group completes: it flushes
     assert [i.request for i in queue.ready_batch(0.0, lambda: CALM)] == ["another fixed", "adaptive"]
     assert [i.request for i in queue.items] == ["fixed"]

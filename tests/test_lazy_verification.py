@@ -54,7 +54,8 @@ def test_eager_steps_batch_across_requests_and_fasttts_steps_per_request():
     queue.push(QueuedStep("a", 0, None, False, "immediate", 5, 0.0, None))
     queue.push(QueuedStep("b", 1, None, False, "round", 5, 0.0, None))
     queue.push(lazy(request="c"))
-    assert [i.request for i in queue.ready_batch(0.0)] == ["a", "b"]  # lazy waits for its trigger
+    assert [i.request for i in queue.ready_batch(0.0)] == ["a", "b", "c"]  # lazy rides along
+    queue.push(lazy(request="c"))
     queue.push(QueuedStep("d", 2, None, True, "per_request", 5, 0.0, None))
     queue.push(QueuedStep("e", 3, None, True, "per_request", 5, 0.0, None))
     queue.push(QueuedStep("d", 4, None, True, "per_request", 5, 0.0, None))
@@ -75,10 +76,10 @@ def test_specscale_runtime_flushes_lazily_with_bigger_batches():
     assert sizes["specscale"] > 1.25 * sizes["ep+cd"]  # fewer, bigger PRM calls
 
 
-def test_a_requests_threshold_flushes_only_that_requests_steps():
-    """The old queue flushed everyone at the minimum threshold of all queued requests."""
+def test_one_threshold_for_the_queue_flushes_every_request_at_once():
+    """The threshold is the verifier's: 60 tokens queued by two requests flush both (test_lazy_queue.py has
+    the other triggers across requests)."""
     queue = VerifyQueue()
-    queue.push(lazy(tokens=30, threshold=50, request="low"))
-    queue.push(lazy(tokens=30, threshold=5000, request="high"))
-    batch = queue.ready_batch(now=0.0)
-    assert [i.request for i in batch] == ["low"] and [i.request for i in queue.items] == ["high"]
+    queue.push(lazy(tokens=30, threshold=50, request="a"))
+    queue.push(lazy(tokens=30, threshold=50, request="b"))
+    assert [i.request for i in queue.ready_batch(now=0.0)] == ["a", "b"] and queue.items == []

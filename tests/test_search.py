@@ -216,6 +216,7 @@ def test_every_preset_is_a_composition_of_policy_objects():
     expected = {
         "beam": (BeamSelection, "round", 0, False, (False, False), False),
         "beam+cd": (BeamSelection, "round", 0, False, (False, False), True),
+        "beam+cd+lv": (BeamSelection, "lazy_round", 0, False, (False, False), True),
         "best-of-n": (BestOfNSelection, "round", 0, False, (False, False), False),
         "dvts": (DVTSSelection, "round", 0, False, (False, False), False),
         "naive-spec": (BeamSelection, "immediate", 1, False, (False, False), False),

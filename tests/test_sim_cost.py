@@ -219,7 +219,7 @@ def test_simulated_iterations_carry_the_engines_live_sequences():
                 self.seen.append((work.num_rows, work.live_sequences, sim.engine.num_live_sequences))
             return super().iteration_seconds(model, work, role)
 
-    sim = Simulation(SimulationConfig(seed=0), cost_model=Recording(A100))
+    sim = Simulation(SimulationConfig(seed=0, spare_rows=512), cost_model=Recording(A100))  # no budget query
     requests = [sim.request(p, preset_config("beam", beam_size=4, seed=i), f"q{i}")
                 for i, p in enumerate(sim.problems(2))]
     sim.runtime(max_concurrency=2).run(requests)

@@ -263,10 +263,11 @@ def report(results: dict, extra: dict) -> str:
         for n, c in by_size.items():
             rows.append([variant, int(n), 100 * c["generation_share"], 100 * c["verification_share"],
                          100 * c["other_share"], c["sizing_s"], c["verifier_calls"], c["verifier_batch_items_median"],
-                         c["verifier_batch_tokens_median"], c["prm_tokens_per_s"], c["physical_to_logical"],
+                         c["verifier_batch_tokens_median"], c["verifier_batch_requests_mean"], c["prm_tokens_per_s"],
+                         c["physical_to_logical"],
                          c["losing_lifetime_median_s"], c["cancelled_tokens"], c["peak_kv_blocks"]])
     header = ["variant", "N", "gen %", "PRM %", "other %", "sizing s", "PRM calls", "paths/call", "tokens/call",
-              "PRM tok/s", "phys/log", "losing life s", "cancelled tok", "peak KV"]
+              "req/call", "PRM tok/s", "phys/log", "losing life s", "cancelled tok", "peak KV"]
     text = "\n## Under load: time split, verifier batching, sequences, cancellations\n\n" + markdown_table(header, rows)
     rows = [[variant, int(n), c["iterations"], c["rows_per_iteration_mean"], c["iteration_ms_mean"],
              c["iteration_fixed_ms"], c["iteration_per_row_ms"], 100 * c["iteration_fixed_share"],

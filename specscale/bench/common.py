@@ -47,7 +47,8 @@ from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.workload_choice import DATASET_CHOICES, choose_workload, default_dataset
 from specscale.tasks.toy import ToyProblem, is_correct, toy_problems
 
-LADDER = ("beam", "beam+cd", "naive-spec", "fasttts", "fasttts-xb", "ep-strict", "ep", "ep+cd", "specscale")
+LADDER = ("beam", "beam+cd", "beam+cd+lv", "naive-spec", "fasttts", "fasttts-xb", "ep-strict", "ep", "ep+cd",
+          "specscale")
 SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE + i
 DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight
 QUIET_CPU = 0.15  # share of all CPUs busy with other processes above which timings are flagged untrustworthy
@@ -260,15 +261,19 @@ def vote_is_right(problem: ToyProblem, answer: str | None) -> bool:
 
 
 def serving_numbers(run: BatchRun, problems: list[ToyProblem]) -> dict[str, float]:
-    """Throughput numbers of one batch (docs/BENCHMARKS.md): output tokens are the tokens of the returned paths."""
+    """Throughput numbers of one batch (docs/BENCHMARKS.md): output tokens are the tokens of the returned paths
+    (every one of the N), answer tokens those of the selected path only; flush_reasons counts why each
+    lazy-verification batch ran."""
     elapsed = run.elapsed_s
     metrics = run.runtime.metrics.summary()
     usage = [r.usage for r in run.results]
     correct = sum(is_right(p, r) for p, r in zip(problems, run.results))
     generation, verification = metrics["generation_s"], metrics["verification_s"]
+    generated = sum(u.generated_tokens for u in usage)
     return {
         "elapsed_s": elapsed,
         "output_tokens_per_s": sum(u.output_tokens for u in usage) / elapsed,
+        "answer_tokens_per_s": sum(r.best.num_tokens for r in run.results if r.best is not None) / elapsed,
         "requests_per_s": len(run.results) / elapsed,
         "correct_per_s": correct / elapsed,
         "generated_tokens_per_s": sum(u.generated_tokens for u in usage) / elapsed,
@@ -276,16 +281,24 @@ def serving_numbers(run: BatchRun, problems: list[ToyProblem]) -> dict[str, floa
         "output_tokens": sum(u.output_tokens for u in usage),
         "generated_tokens": sum(u.generated_tokens for u in usage),
         "wasted_tokens": sum(u.wasted_tokens for u in usage),
+        "wasted_share": sum(u.wasted_tokens for u in usage) / generated if generated else 0.0,
         "generation_s": generation,
         "verification_s": verification,
         "other_s": other_seconds(elapsed, generation, verification),
-        "verifier_calls": metrics["verifier_calls"],
-        "verifier_batch_items_median": metrics["verifier_batch_items_median"],
-        "verifier_batch_tokens_median": metrics["verifier_batch_tokens_median"],
+        **prm_numbers(run.runtime),
         "physical_to_logical": metrics["physical_to_logical"],
         "peak_kv_blocks": metrics["peak_kv_blocks"],
         "load_before": run.load_before,
     }
+
+
+def prm_numbers(runtime: SearchRuntime) -> dict:
+    """How a run's PRM calls were batched: how many, their median items and tokens, the requests each held
+    on average, and why lazy batches were flushed."""
+    metrics = runtime.metrics.summary()
+    keys = ("verifier_calls", "verifier_batch_items_median", "verifier_batch_tokens_median",
+            "verifier_batch_requests_mean")
+    return {**{k: metrics[k] for k in keys}, "flush_reasons": runtime.flush_reasons}
 
 
 # ---- repeats --------------------------------------------------------------------------------------
@@ -299,9 +312,20 @@ def interleaved(cells: list, repeats: int) -> Iterator[tuple[int, object]]:
 
 
 def median_summary(runs: list[dict[str, float]]) -> dict[str, float]:
-    """Per metric, the median over repeats (metrics every run has)."""
+    """Per metric, the median over repeats (metrics every run has); flush reasons, counted per repeat, too."""
     keys = [k for k in runs[0] if all(isinstance(r.get(k), (int, float)) for r in runs)]
-    return {k: statistics.median(r[k] for r in runs) for k in keys}
+    summary = {k: statistics.median(r[k] for r in runs) for k in keys}
+    if all(isinstance(r.get("flush_reasons"), dict) for r in runs):
+        reasons = sorted({k for r in runs for k in r["flush_reasons"]})
+        summary["flush_reasons"] = {k: statistics.median(r["flush_reasons"].get(k, 0) for r in runs) for k in reasons}
+    return summary
+
+
+def flush_text(reasons: dict | None) -> str:
+    """A cell's flush reasons for a table: "sibling-group 916, deferrals 71" (none: "–")."""
+    if not reasons:
+        return "–"
+    return ", ".join(f"{k} {v:,.0f}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -23,8 +23,8 @@ from collections import deque
 import numpy as np
 
 from specscale.bench.common import (
-    add_common_arguments, finish_info, float_list, fresh_runtime, interleaved, markdown_table, median_summary,
-    new_figure, percentile, progress_bar, run_batch, search_requests,
+    add_common_arguments, finish_info, float_list, flush_text, fresh_runtime, interleaved, markdown_table,
+    median_summary, new_figure, percentile, prm_numbers, progress_bar, run_batch, search_requests,
     search_settings, start_run, write_outputs,
 )
 
@@ -95,15 +95,16 @@ def measure(stack, args, problems, cells, rates) -> list[dict]:
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n} {rate:.2f} req/s")
             arrivals = arrival_times(len(problems), rate, args.burstiness, [args.seed, repeat, rates.index(rate)])
             requests = search_requests(stack, problems, variant, args.seed, **search_settings(args, n))
-            latencies = serve_open_loop(stack, args.max_concurrency, requests, arrivals, bar)
+            latencies, runtime = serve_open_loop(stack, args.max_concurrency, requests, arrivals, bar)
             runs.append({"variant": variant, "beam_size": n, "rate": rate, "repeat": repeat,
-                         **latency_numbers(latencies), "requests": latencies})
+                         **latency_numbers(latencies), **prm_numbers(runtime), "requests": latencies})
     return runs
 
 
-def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float], bar) -> list[dict]:
-    """Submit each request at its arrival time, tick the runtime in between; per-request latencies. Time
-    is the stack's clock: with nothing to do, a real stack sleeps and a simulated one advances its clock."""
+def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float], bar) -> tuple[list[dict], object]:
+    """Submit each request at its arrival time, tick the runtime in between; per-request latencies and the
+    runtime. Time is the stack's clock: with nothing to do, a real stack sleeps and a simulated one
+    advances its clock."""
     clock = stack.clock
     finished_at: dict[str, float] = {}
     runtime = fresh_runtime(stack, max_concurrency,
@@ -124,7 +125,7 @@ def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float]
         latency = finished_at[request_id] - (start + arrival)
         out.append({"arrival_s": arrival, "latency_s": latency, "output_tokens": result.usage.output_tokens,
                     "queued_s": result.timings.queued_s})
-    return out
+    return out, runtime
 
 
 def latency_numbers(requests: list[dict]) -> dict[str, float]:
@@ -173,8 +174,11 @@ def report(results: dict, budget: float, capacity: float | None) -> str:
         for n, cell in by_size.items():
             for point in cell["rates"]:
                 rows.append([variant, int(n), point["rate"], point["mean_normalized_ms_per_token"], point["p50_s"],
-                             point["p90_s"], point["p99_s"], point["mean_queued_s"]])
-    header = ["variant", "N", "rate req/s", "norm. ms/token", "p50 s", "p90 s", "p99 s", "queued s"]
+                             point["p90_s"], point["p99_s"], point["mean_queued_s"], point["verifier_calls"],
+                             point["verifier_batch_tokens_median"], point["verifier_batch_requests_mean"],
+                             flush_text(point.get("flush_reasons"))])
+    header = ["variant", "N", "rate req/s", "norm. ms/token", "p50 s", "p90 s", "p99 s", "queued s", "PRM calls",
+              "PRM tok/call", "req/call", "lazy flushes"]
     text = "\n## Latency against arrival rate (medians over repeats)\n\n" + markdown_table(header, rows)
     calibration = "" if capacity is None else f"; rates are fractions of a measured capacity of {capacity:.2f} req/s"
     text += f"\n## Highest rate under {budget:.1f} ms/token{calibration}\n\n"

@@ -105,7 +105,8 @@ class SimulatedStack:
         self.clock = simulation.clock
 
     def runtime(self, max_concurrency: int, **options) -> SearchRuntime:
-        return self.simulation.runtime(max_concurrency, lv_threshold_tokens=self.lv_threshold_tokens, **options)
+        options.setdefault("lv_threshold_tokens", self.lv_threshold_tokens)
+        return self.simulation.runtime(max_concurrency, **options)
 
     def backends(self) -> tuple:
         return self.simulation.backends()

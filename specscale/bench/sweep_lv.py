@@ -57,7 +57,7 @@ def sweep_points(thresholds: list[int], caps: list[int], default_threshold: int)
     for threshold, cap in dict.fromkeys(settings):
         points[f"specscale lv={threshold} defer={cap}"] = {
             "preset": "specscale", "threshold": threshold, "deferral_cap": cap,
-            "overrides": {"lv_threshold_tokens": threshold, "lv_max_deferrals": cap},
+            "overrides": {"lv_max_deferrals": cap},
             "sweeps": sweeps_of(threshold, cap, default_threshold, default_cap),
         }
     return points
@@ -76,7 +76,8 @@ def measure(stack, args, problems, cells, points) -> list[dict]:
             point = points[label]
             requests = search_requests(stack, problems, point["preset"], args.seed,
                                        **search_settings(args, n), **point["overrides"])
-            batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, bar)
+            runtime = fresh_runtime(stack, args.max_concurrency, lv_threshold_tokens=point.get("threshold"))
+            batch = run_batch(runtime, requests, bar)
             runs.append({"variant": label, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems),
                          "flush_reasons": batch.runtime.flush_reasons})
     return runs

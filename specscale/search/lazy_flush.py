@@ -1,10 +1,13 @@
-"""Lazy-verification flush policies: when one request's queued lazy steps go to the PRM (docs/design.md,
+"""Lazy-verification flush policies: which trigger a request's queued lazy steps raise (docs/design.md,
 "Verification"). `SearchConfig.lv_policy` names one per request; the runtime resolves it once per queued
-step (`flush_policy`), and the verify queue asks it, every tick, which trigger holds for a request.
+step (`flush_policy`), at the verifier's threshold, and the verify queue asks it, every tick, which trigger
+holds. Any trigger flushes the verifier's whole lazy queue, every queued step of every request in one PRM
+call (the paper's lazy verification; `search/verify_queue.py`); `SearchConfig.lv_flush_scope = "request"`
+flushes the triggering request's steps only (an ablation, in no preset).
 
 - `FixedTriggers` ("fixed", the paper's lazy verification): the lazy PRM tokens queued by all requests reach
-  the request's threshold; one of its steps completed its sibling group; one was deferred more than
-  `max_deferrals` ticks; one is older than `max_age_s`.
+  the verifier's threshold; one of the request's steps completed its sibling group; one was deferred more
+  than `max_deferrals` ticks; one is older than `max_age_s`.
 - `AdaptiveBudget` ("adaptive", beyond the paper): keeps the sibling-group trigger, and otherwise weighs what
   waiting longer costs against what it can still gain. Each cost is a share of its budget:
 
@@ -19,7 +22,8 @@ step (`flush_policy`), and the verify queue asks it, every tick, which trigger h
   anyway (eager steps, another request's trigger), its queued steps ride along (`rides_along`): that call's
   fixed cost is paid already, and waiting for a later one would only add another.
 
-`SearchConfig.lv_ride_along` switches riding along on or off for either policy (an ablation).
+`SearchConfig.lv_ride_along` switches riding along on or off for either policy (an ablation); with the whole
+queue flushed (the default scope) every policy rides along unless it is switched off.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class LazyFlushPolicy(ABC):
 
     threshold_tokens: int
     rides_along: bool  # this policy's queued steps join any PRM batch that runs anyway
+    whole_queue: bool  # its trigger flushes every queued lazy step of every request (False: the request's own)
 
     @abstractmethod
     def trigger(self, items: Sequence, queued_tokens: int, now: float,
@@ -64,7 +69,8 @@ class FixedTriggers(LazyFlushPolicy):
     threshold_tokens: int
     max_deferrals: int
     max_age_s: float
-    rides_along: bool = False
+    rides_along: bool = True
+    whole_queue: bool = True
 
     def trigger(self, items, queued_tokens, now, signals) -> str | None:
         if queued_tokens >= self.threshold_tokens:
@@ -85,6 +91,7 @@ class AdaptiveBudget(LazyFlushPolicy):
     speculative_budget_tokens: float
     kv_budget: float
     rides_along: bool = True
+    whole_queue: bool = True
 
     def trigger(self, items, queued_tokens, now, signals) -> str | None:
         if any(i.completes_group for i in items):
@@ -104,10 +111,14 @@ class AdaptiveBudget(LazyFlushPolicy):
 
 
 def flush_policy(config: SearchConfig, threshold_tokens: int) -> LazyFlushPolicy:
-    """The policy a request's config names, at the threshold the runtime resolved for it."""
+    """The policy a request's config names, at the verifier's threshold (the runtime's: a request cannot set
+    it). Flushing the whole queue, every policy rides along unless the config switches it off."""
     if config.lv_policy == "adaptive":
         policy = AdaptiveBudget(threshold_tokens, config.lv_wait_budget_calls, config.lv_speculative_budget_tokens,
                                 config.lv_kv_budget)
     else:
         policy = FixedTriggers(threshold_tokens, config.lv_max_deferrals, config.lv_max_age_s)
-    return policy if config.lv_ride_along is None else replace(policy, rides_along=config.lv_ride_along)
+    whole_queue = config.lv_flush_scope == "queue"
+    default_ride = whole_queue or config.lv_policy == "adaptive"
+    rides_along = default_ride if config.lv_ride_along is None else config.lv_ride_along
+    return replace(policy, rides_along=rides_along, whole_queue=whole_queue)

@@ -14,6 +14,7 @@ class RunMetrics:
     generation_ticks: int = 0
     verifier_batch_items: list[int] = field(default_factory=list)
     verifier_batch_tokens: list[int] = field(default_factory=list)
+    verifier_batch_requests: list[int] = field(default_factory=list)  # distinct requests per PRM call
     physical_sequences: list[int] = field(default_factory=list)  # per generator tick
     logical_candidates: list[int] = field(default_factory=list)  # per generator tick
     cancelled_tokens: list[int] = field(default_factory=list)  # per cancelled sequence
@@ -30,9 +31,10 @@ class RunMetrics:
         self.physical_sequences.append(len(multiplicities))
         self.logical_candidates.append(sum(multiplicities))
 
-    def verifier_call(self, items: int, tokens: int) -> None:
+    def verifier_call(self, items: int, tokens: int, requests: int) -> None:
         self.verifier_batch_items.append(items)
         self.verifier_batch_tokens.append(tokens)
+        self.verifier_batch_requests.append(requests)
 
     def cancelled(self, tokens: int, lifetime_s: float) -> None:
         self.cancelled_tokens.append(tokens)
@@ -53,6 +55,7 @@ class RunMetrics:
             "verifier_calls": len(self.verifier_batch_items),
             "verifier_batch_items_median": _median(self.verifier_batch_items),
             "verifier_batch_tokens_median": _median(self.verifier_batch_tokens),
+            "verifier_batch_requests_mean": _mean(self.verifier_batch_requests),
             "physical_to_logical": physical / logical if logical else 1.0,
             "cancelled_sequences": len(self.cancelled_tokens),
             "cancelled_tokens": sum(self.cancelled_tokens),
@@ -60,6 +63,10 @@ class RunMetrics:
             "peak_kv_blocks": self.peak_kv_blocks,
             "waiting_time_ratio": self.waiting_idle_s / waited if waited else 0.0,
         }
+
+
+def _mean(values) -> float:
+    return float(statistics.fmean(values)) if values else 0.0
 
 
 def _median(values) -> float:

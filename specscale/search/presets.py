@@ -17,6 +17,9 @@ _DYNAMIC_BRANCHING = {"dynamic_branching": True, "branching_score": "lookahead"}
 PRESETS: dict[str, dict] = {
     "beam": {},
     "beam+cd": {"dedup": True},
+    # the control with everything but speculation: beam+cd whose finished rounds go through specscale's lazy
+    # queue and triggers (cross-request batched verification without speculation)
+    "beam+cd+lv": {"dedup": True, "verification": "lazy_round"},
     "best-of-n": {"selection": "best_of_n", "max_rounds": 1},
     "dvts": {"selection": "dvts"},
     "naive-spec": dict(_SPECULATIVE),

@@ -27,7 +27,6 @@ import time as _time
 from collections import deque
 from collections.abc import Callable
 
-from specscale.config import SearchConfig
 from specscale.engine.sequence import SamplingParams
 from specscale.search.backend import (
     AbortSequence, BranchSequence, GeneratorBackend, PauseSequence, PrioritizeSequence, SequenceId,
@@ -44,6 +43,7 @@ from specscale.search.request_state import (
 )
 from specscale.search.result import SearchResult
 from specscale.search.search import Search
+from specscale.search.verification import VERIFICATIONS
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
 from specscale.prompts import STEP_SEPARATOR
 from specscale.verify.prm import ScoreRequest
@@ -281,8 +281,9 @@ class SearchRuntime:
         results = self.verifier.score([item.score_request for item in batch])
         now = self.clock()
         self.metrics.verification_s += now - start
-        self.metrics.verifier_call(len(batch), sum(item.tokens for item in batch))
-        for state in {item.request for item in batch}:
+        requests = {item.request for item in batch}
+        self.metrics.verifier_call(len(batch), sum(item.tokens for item in batch), len(requests))
+        for state in requests:
             state.verification_s += now - start
         for item, result in zip(batch, results):
             state = item.request
@@ -293,9 +294,10 @@ class SearchRuntime:
     def _enqueue(self, state: RequestState, action: Verify) -> None:
         request = ScoreRequest(state.request.question, action.steps)
         config = state.config
-        policy = flush_policy(config, self._lv_threshold(config)) if config.verification == "lazy" else None
+        verification = VERIFICATIONS[config.verification]
+        policy = flush_policy(config, self.lv_threshold_tokens) if verification.is_lazy else None
         self.queue.push(QueuedStep(
-            state, action.candidate, request, action.completes_group, config.verification,
+            state, action.candidate, request, action.completes_group, verification.queue_mode,
             self.verifier.tokens_to_compute(request), self.clock(), policy,
         ))
 
@@ -309,11 +311,6 @@ class SearchRuntime:
                 speculative[id(phys.request)] = speculative.get(id(phys.request), 0) + len(phys.tokens)
         return FlushSignals(kv.used_blocks / kv.total_blocks if kv.total_blocks else 0.0,
                             self.metrics.verification_s / calls if calls else None, speculative)
-
-    def _lv_threshold(self, config: SearchConfig) -> int:
-        """The one place a request's lazy-verification threshold is resolved: its own override, else the
-        runtime's (the profiled knee of this PRM and device, or the pipeline's default)."""
-        return config.lv_threshold_tokens if config.lv_threshold_tokens is not None else self.lv_threshold_tokens
 
     # ---- actions --------------------------------------------------------------------------------------
     def _apply(self, state: RequestState, actions: list, notify: bool = True) -> None:

@@ -36,7 +36,11 @@ from specscale.search.speculation import make_speculation
 from specscale.search.verification import VERIFICATIONS
 from specscale.search.tree import Candidate, CandidateState, Expansion, Round, Subtree
 
-LOOKAHEAD_PRIORITY = -100
+# Engine priorities (higher runs first; docs/design.md, "Speculation"): 0 for real work; speculation d rounds
+# ahead in the band -d * SPECULATION_BAND - (0 .. SPECULATION_BAND - 1), ranked inside it by its parent's
+# chance to be retained; FastTTS's LookAhead continuations below every band.
+SPECULATION_BAND = 100
+LOOKAHEAD_PRIORITY = -100 * SPECULATION_BAND
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,8 @@ class Search:
             actions += self._prune_below_threshold(self.rounds[c.round])
         if c.alive and not c.completed:
             actions += self._speculate(c, ev.time)
+        if self.speculation.eager_depth:
+            actions += self._rerank_speculation(self.rounds[c.round])
         return actions + self._try_decide(ev.time)
 
     def _on_cancelled(self, ev: Cancelled) -> list:
@@ -158,7 +164,8 @@ class Search:
         if self.speculation.lookahead and rd.index + 1 < len(self.rounds):
             ahead = self.rounds[rd.index + 1].candidates
             pending += [c for c in ahead if c.alive and c.verified_order is None and not c.verify_sent]
-        return [self._verify(c, completes_group=True) for c in pending]
+        groups = self.verification.round_completes_groups
+        return [self._verify(c, completes_group=groups) for c in pending]
 
     def _verify(self, c: Candidate, completes_group: bool) -> Verify:
         c.verify_sent = True
@@ -298,10 +305,33 @@ class Search:
         return e
 
     def _priority(self, e: Expansion) -> int:
-        """0 for real work; -d for speculation d rounds ahead of the round being decided."""
+        """0 for real work; for speculation d rounds ahead of the round being decided, the band of depth d,
+        ranked by the parent's survival rank (so the engine's spare rows go to the likeliest survivors)."""
         if e.lookahead:
             return LOOKAHEAD_PRIORITY
-        return -max(e.round - (self.last_decided + 1), 0)
+        depth = max(e.round - (self.last_decided + 1), 0)
+        if depth == 0:
+            return 0
+        return -depth * SPECULATION_BAND - min(self._survival_rank(e.parent), SPECULATION_BAND - 1)
+
+    def _survival_rank(self, parent: Candidate) -> int:
+        """Logical copies of the parent's round, verified so far, that score strictly above the parent: below
+        k it is inside the round's top k so far (EP's threshold compares it with the k-th best)."""
+        verified = [c for c in self.rounds[parent.round].live_candidates() if c.state == SCORED and not c.completed]
+        return sum(c.multiplicity for c in verified if c.score > parent.score)
+
+    def _rerank_speculation(self, rd: Round) -> list:
+        """A score arrived in round rd: re-rank the live speculative children of its candidates."""
+        if rd.index + 1 >= len(self.rounds):
+            return []
+        changed: dict[int, list[int]] = {}
+        for e in self.rounds[rd.index + 1].expansions:
+            if e.live and not e.lookahead and e.priority < 0:
+                p = self._priority(e)
+                if p != e.priority:
+                    e.priority = p
+                    changed.setdefault(p, []).append(e.id)
+        return [SetPriority(tuple(ids), p) for p, ids in changed.items()]
 
     def _speculate(self, c: Candidate, time: float) -> list:
         if c.children or c.round >= self.last_round:

@@ -3,7 +3,10 @@
 
 - round: a request's whole round once it has finished generating, batched across requests (beam search);
 - immediate: each step as soon as it finishes, batched across requests (speculative variants);
-- lazy: each step as it finishes, held in the queue until a lazy-verification trigger of its request holds;
+- lazy: each step as it finishes, held in the verifier's lazy queue until a lazy-verification trigger holds;
+- lazy_round: a request's whole round once it has finished generating, held in the same lazy queue (the
+  no-speculation control `beam+cd+lv`). Its steps raise no sibling-group trigger: without speculation every
+  finished round is a set of complete sibling groups, and flushing on it would make the control beam search;
 - per_request: a request's whole round (with its LookAhead continuations), one request per PRM call (FastTTS).
 """
 
@@ -16,16 +19,18 @@ from dataclasses import dataclass
 class Verification:
     name: str
     per_step: bool  # True: a step is sent as it finishes; False: a round at once, when it has finished generating
+    queue_mode: str  # how `search/verify_queue.py` batches this policy's steps
+    round_completes_groups: bool = True  # a round sent at once raises the sibling-group trigger
 
     @property
-    def queue_mode(self) -> str:
-        """How `search/verify_queue.py` batches this policy's steps."""
-        return self.name
+    def is_lazy(self) -> bool:
+        return self.queue_mode == "lazy"
 
 
 VERIFICATIONS = {
-    "round": Verification("round", per_step=False),
-    "immediate": Verification("immediate", per_step=True),
-    "lazy": Verification("lazy", per_step=True),
-    "per_request": Verification("per_request", per_step=False),
+    "round": Verification("round", per_step=False, queue_mode="round"),
+    "immediate": Verification("immediate", per_step=True, queue_mode="immediate"),
+    "lazy": Verification("lazy", per_step=True, queue_mode="lazy"),
+    "lazy_round": Verification("lazy_round", per_step=False, queue_mode="lazy", round_completes_groups=False),
+    "per_request": Verification("per_request", per_step=False, queue_mode="per_request"),
 }

@@ -2,11 +2,12 @@
 
 - "round" and "immediate" steps are ready at once (a request's whole round, or each step as it
   finishes), batched across requests;
-- "lazy" steps (lazy verification, docs/design.md) wait until a trigger of *their own request's* flush
-  policy holds (`search/lazy_flush.py`: the fixed triggers of threshold, sibling group, deferral and age
-  caps, or the adaptive budget). Each step carries its request's policy, resolved once by the runtime, so a
-  request's override flushes that request's steps only; the adaptive policy's steps also ride along with any
-  PRM batch that runs anyway;
+- "lazy" steps (lazy verification, docs/design.md) wait in the verifier's one lazy queue until a trigger
+  holds (`search/lazy_flush.py`: the fixed triggers of the verifier's token threshold over every queued
+  lazy step, a complete sibling group, the deferral and age caps, or the adaptive budget); then every
+  queued lazy step of every request goes into that one PRM call, and they ride along with any PRM batch
+  that runs anyway. Each step carries its request's policy, resolved once by the runtime at the verifier's
+  threshold; a policy of the "request" flush scope (an ablation) flushes its own request's steps only;
 - "per_request" steps (FastTTS) are ready at once but a PRM batch holds one request's steps only.
 When the generator has nothing to do, whatever is queued is flushed (waiting would gain nothing).
 """
@@ -64,28 +65,41 @@ class VerifyQueue:
         return self._take([i for i in self.items if i.mode != "per_request"])
 
     def _triggered_lazy(self, now: float, signals: Callable[[], FlushSignals]) -> list[QueuedStep]:
-        """The lazy steps of every request whose trigger holds now (each counted in flush_reasons)."""
+        """The lazy steps a trigger flushes now: the whole queue when a whole-queue policy's trigger holds
+        (one flush counted, by the first such trigger in queue order), and the own steps of each
+        request-scope policy whose trigger holds (one flush each)."""
         lazy = [i for i in self.items if i.mode == "lazy"]
         queued_tokens = sum(i.tokens for i in lazy)
-        by_request: dict[int, list[QueuedStep]] = {}
-        for item in lazy:
-            by_request.setdefault(id(item.request), []).append(item)
         read_once = _Once(signals)
-        ready = []
-        for items in by_request.values():
-            reason = items[0].policy.trigger(items, queued_tokens, now, read_once)
-            if reason is not None:
-                self.flush_reasons[reason] = self.flush_reasons.get(reason, 0) + 1
+        ready: list[QueuedStep] = []
+        whole_queue_reason = None
+        for items in _by_request(lazy):
+            policy = items[0].policy
+            if policy.whole_queue and whole_queue_reason is not None:
+                continue  # the whole queue flushes anyway
+            reason = policy.trigger(items, queued_tokens, now, read_once)
+            if reason is None:
+                continue
+            if policy.whole_queue:
+                whole_queue_reason = reason
+            else:
+                self._count(reason)
                 ready += items
+        if whole_queue_reason is not None:
+            self._count(whole_queue_reason)
+            ready += [i for i in lazy if i.policy.whole_queue]
         return ready
 
+    def _count(self, reason: str) -> None:
+        self.flush_reasons[reason] = self.flush_reasons.get(reason, 0) + 1
+
     def _riders(self, batch: list[QueuedStep]) -> list[QueuedStep]:
-        """Lazy steps whose policy rides along with a PRM batch that runs anyway (each request counted as
-        a "ride-along" flush)."""
+        """Lazy steps whose policy rides along with a PRM batch that runs anyway (one "ride-along" flush
+        counted per batch they join)."""
         chosen = set(map(id, batch))
         riders = [i for i in self.items if i.mode == "lazy" and i.policy.rides_along and id(i) not in chosen]
-        for _ in {id(i.request) for i in riders}:
-            self.flush_reasons["ride-along"] = self.flush_reasons.get("ride-along", 0) + 1
+        if riders:
+            self._count("ride-along")
         return riders
 
     def count_deferral(self) -> None:
@@ -104,6 +118,14 @@ class VerifyQueue:
         chosen = set(map(id, batch))
         self.items = [i for i in self.items if id(i) not in chosen]
         return batch
+
+
+def _by_request(items: list[QueuedStep]) -> list[list[QueuedStep]]:
+    """items grouped by request, in queue order of each request's first item."""
+    groups: dict[int, list[QueuedStep]] = {}
+    for item in items:
+        groups.setdefault(id(item.request), []).append(item)
+    return list(groups.values())
 
 
 class _Once:

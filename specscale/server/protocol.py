@@ -34,7 +34,6 @@ class SearchOptions(BaseModel):
     aggregation: Literal[AGGREGATIONS] | None = None  # type: ignore[valid-type]
     answer_selection: Literal[ANSWER_SELECTIONS] = "best"  # type: ignore[valid-type]
     speculation_depth: int | None = Field(None, ge=1, le=8)
-    lv_threshold_tokens: int | None = Field(None, ge=1)
     lv_policy: Literal[LV_POLICIES] | None = None  # type: ignore[valid-type]
     filter_duplicates: bool | None = None
     timeout_s: float | None = Field(None, gt=0)

@@ -93,7 +93,7 @@ class SearchBuilder:
         overrides = {
             "beam_size": options.beam_size, "beam_width": options.beam_width, "max_rounds": options.max_rounds,
             "aggregation": options.aggregation, "speculation_depth": options.speculation_depth,
-            "lv_threshold_tokens": options.lv_threshold_tokens, "lv_policy": options.lv_policy,
+            "lv_policy": options.lv_policy,
             "filter_duplicates": options.filter_duplicates,
             "temperature": body.temperature,
             "top_p": body.top_p, "seed": body.seed, "max_step_tokens": body.per_step_tokens(),

@@ -15,6 +15,7 @@ from specscale.config import EngineConfig, SearchConfig
 from specscale.engine.engine import Engine
 from specscale.search.backend import GeneratorBackend, VerifierBackend
 from specscale.search.engine_backend import EngineBackend
+from specscale.row_budget import speculative_row_budget
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
 from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel, kv_capacity
@@ -38,7 +39,8 @@ class SimulationConfig:
     """hardware / generator / prm: bundled names (`bundled_hardware`, `bundled_models`) or paths.
     workload None takes `workload.preset(dataset, generator, prm)`. prm_format None follows the PRM's
     architecture. generator_kv_blocks / prm_kv_blocks None size the pools from memory (prm_kv_share of
-    the KV memory goes to the PRM). The engine settings match `Pipeline`'s."""
+    the KV memory goes to the PRM). spare_rows None takes the device's speculative row budget
+    (row_budget.py). The engine settings match `Pipeline`'s."""
 
     hardware: str = "a100-80gb"
     generator: str = "qwen2.5-7b-instruct"
@@ -81,7 +83,7 @@ class Simulation:
                                  self._kv_blocks()[0], c.block_size, self.tokenizer.vocab_size,
                                  live_sequences=lambda: engine.num_live_sequences)
         config = EngineConfig(model=f"sim:{c.generator}", block_size=c.block_size, max_num_seqs=c.max_num_seqs,
-                              spare_rows=c.spare_rows, seed=c.seed)
+                              spare_rows=self.spare_rows(), seed=c.seed)
         engine = Engine(config, runner=runner, tokenizer=self.tokenizer)
         return engine
 
@@ -117,6 +119,12 @@ class Simulation:
         return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
                              max_concurrency=max_concurrency,
                              lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold(), **options)
+
+    def spare_rows(self) -> int:
+        """The speculative row budget: the config's, else the simulated device's (row_budget.py)."""
+        if self.config.spare_rows is not None:
+            return self.config.spare_rows
+        return speculative_row_budget(self.cost_model, self.generator_profile, self.config.max_num_seqs)
 
     def lv_threshold(self) -> int:
         """`specscale profile-prm`'s knee, computed on the cost model for the batches it measures."""

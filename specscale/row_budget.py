@@ -1,0 +1,61 @@
+"""The speculative row budget: how many rows a generator iteration may hold before one more row stops being
+nearly free on this device (docs/design.md, "Speculation"). A device property, derived in this one place
+from the device's cost model, for the real engine (`pipeline.py`) and the simulator (`sim/simulation.py`)
+alike; `--spare-rows` overrides it.
+
+An iteration of R decode rows costs t(R) seconds (the cost model's, at a typical context). Speculative rows
+are admitted while a row's marginal cost is under half the mean cost of a row:
+
+    budget = the smallest R with  t(R + 1) - t(R) >= t(R) / (2 R)      (capped at max_rows)
+
+On a roofline (a GPU decode reading its weights once per iteration) the marginal cost is about zero until
+the decode turns compute-bound, then a whole row's FLOPs: the budget is the compute knee. On a CPU fit
+t(R) = fixed + R x per_row it is R = fixed / per_row: speculation rides in the room the fixed cost leaves.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel
+from specscale.sim.hardware import HardwareProfile
+from specscale.sim.model_profile import ModelProfile
+
+TYPICAL_CONTEXT_TOKENS = 256  # a decode row's context: system prompt, question and a few steps (KV read per row)
+CUDA_PROFILES = {"a100": "a100-80gb", "h100": "h100-80gb", "h200": "h200"}  # device name fragment -> profile
+
+
+def speculative_row_budget(cost_model: CostModel, model: ModelProfile, max_rows: int,
+                           context_tokens: int = TYPICAL_CONTEXT_TOKENS) -> int:
+    """The module docstring's budget for `model`'s decode on the cost model's device."""
+    def seconds(rows: int) -> float:
+        work = IterationWork(decode_contexts=(context_tokens,) * rows, head_rows=rows, live_sequences=rows)
+        return cost_model.iteration_seconds(model, work, "generator")
+
+    cost = seconds(1)
+    for rows in range(1, max_rows):
+        following = seconds(rows + 1)
+        if following - cost >= cost / (2 * rows):
+            return rows
+        cost = following
+    return max_rows
+
+
+def hardware_profile_for(device: str, device_name: str | None = None) -> HardwareProfile | None:
+    """The bundled profile of the device a real engine runs on: `cpu` for the CPU, the GPU's by its name
+    (torch.cuda.get_device_name), None for a device without one."""
+    if device == "cpu":
+        return HardwareProfile.load("cpu")
+    name = (device_name or "").lower()
+    for fragment, profile in CUDA_PROFILES.items():
+        if fragment in name:
+            return HardwareProfile.load(profile)
+    return None
+
+
+def checkpoint_row_budget(checkpoint: str | Path, dtype: str, hardware: HardwareProfile, max_rows: int) -> int:
+    """The budget of a Hugging Face checkpoint's decode on `hardware` (its shape from config.json)."""
+    config = json.loads((Path(checkpoint) / "config.json").read_text())
+    profile = ModelProfile.from_hf_config(config, Path(checkpoint).name, None if dtype == "auto" else dtype)
+    return speculative_row_budget(RooflineCostModel(hardware), profile, max_rows)

@@ -1,0 +1,138 @@
+"""Lazy verification flushes the verifier's whole queue (docs/design.md, "Verification"): any trigger scores
+every queued lazy step of every request in one PRM call, at the verifier's threshold; the per-request flush
+is an ablation. Also the search's own sibling-group signal, which the queue's trigger tests take on trust."""
+
+from dataclasses import replace
+
+from specscale.config import SearchConfig
+from specscale.search.lazy_flush import FixedTriggers, flush_policy
+from specscale.search.presets import preset_config
+from specscale.search.protocol import Expand, StepFinished, Verify
+from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.search.search import Search
+from specscale.search.verify_queue import QueuedStep, VerifyQueue
+from specscale.sim.clock import VirtualClock
+from specscale.sim.scripted_generator import ScriptedGenerator
+from specscale.sim.scripted_verifier import ScriptedVerifier
+
+NEVER = 10**9
+QUEUE = FixedTriggers(NEVER, NEVER, float(NEVER))
+OWN_STEPS = replace(QUEUE, rides_along=False, whole_queue=False)
+
+
+def lazy(request, candidate=0, tokens=10, group=False, policy=QUEUE):
+    return QueuedStep(request, candidate, None, group, "lazy", tokens, 0.0, policy)
+
+
+def test_a_sibling_trigger_of_one_request_scores_every_requests_queued_steps():
+    queue = VerifyQueue()
+    queue.push(lazy("b", 1))
+    queue.push(lazy("c", 2))
+    assert queue.ready_batch(0.0) == []
+    queue.push(lazy("a", 3, group=True))
+    assert [i.request for i in queue.ready_batch(0.0)] == ["b", "c", "a"]
+    assert queue.items == [] and queue.flush_reasons == {"sibling-group": 1}
+
+
+def test_the_threshold_counts_every_requests_tokens_and_flushes_them_all():
+    policy = replace(QUEUE, threshold_tokens=50)
+    queue = VerifyQueue()
+    for request in "abcd":
+        queue.push(lazy(request, tokens=12, policy=policy))
+    assert queue.ready_batch(0.0) == []
+    queue.push(lazy("e", tokens=2, policy=policy))  # 50 tokens queued across five requests
+    assert len(queue.ready_batch(0.0)) == 5 and queue.flush_reasons == {"tokens": 1}
+
+
+def test_the_deferral_cap_of_one_step_flushes_the_whole_queue():
+    queue = VerifyQueue()
+    queue.push(lazy("old", policy=replace(QUEUE, max_deferrals=1)))
+    queue.count_deferral()
+    queue.push(lazy("new"))
+    queue.count_deferral()  # "old" deferred twice: past its cap
+    assert [i.request for i in queue.ready_batch(0.0)] == ["old", "new"]
+    assert queue.flush_reasons == {"deferrals": 1}
+
+
+def test_lazy_steps_ride_along_with_a_prm_call_that_runs_anyway():
+    queue = VerifyQueue()
+    queue.push(lazy("lazy"))
+    queue.push(QueuedStep("eager", 1, None, False, "immediate", 5, 0.0, None))
+    assert [i.request for i in queue.ready_batch(0.0)] == ["eager", "lazy"]
+    assert queue.flush_reasons == {"ride-along": 1}
+
+
+def test_the_request_scope_ablation_flushes_the_triggering_requests_steps_only():
+    queue = VerifyQueue()
+    queue.push(lazy("b", policy=OWN_STEPS))
+    queue.push(lazy("a", group=True, policy=OWN_STEPS))
+    assert [i.request for i in queue.ready_batch(0.0)] == ["a"]
+    assert [i.request for i in queue.items] == ["b"]
+
+
+def test_a_request_cannot_set_the_threshold():
+    assert not hasattr(SearchConfig(), "lv_threshold_tokens")
+    assert flush_policy(preset_config("specscale"), 777).threshold_tokens == 777
+    assert flush_policy(preset_config("specscale"), 777).whole_queue
+    assert not flush_policy(preset_config("specscale", lv_flush_scope="request"), 777).whole_queue
+
+
+# ---- the search's sibling-group signal ---------------------------------------------------------------------
+def finish(search: Search, expand: Expand, handle: int, time: float) -> list:
+    return search.on(StepFinished(expand.expansion_id, handle, "step", 3, tuple(range(expand.multiplicity)),
+                                  False, time))
+
+
+def group_flags(preset: str) -> list[bool]:
+    """completes_group of each Verify as round 0's children finish one by one."""
+    search = Search(preset_config(preset, beam_size=8, beam_width=4, seed=1))
+    expands = [a for a in search.start(0.0) if isinstance(a, Expand)]
+    flags = []
+    for handle, expand in enumerate(expands):
+        flags += [a.completes_group for a in finish(search, expand, 100 + handle, float(handle)) if isinstance(a, Verify)]
+    return flags
+
+
+def test_only_the_last_sibling_to_finish_completes_the_group():
+    assert group_flags("naive-spec") == [False] * 7 + [True]  # round 0: the prompt's eight children
+
+
+def test_a_cd_expansion_completes_its_group_when_its_one_row_finishes():
+    assert group_flags("specscale") == [True]  # one expansion of multiplicity 8
+
+
+# ---- whole runs on the scripted backends ------------------------------------------------------------------
+def scripted_run(preset: str, threshold: int = 60, **overrides) -> SearchRuntime:
+    clock = VirtualClock()
+    runtime = SearchRuntime(ScriptedGenerator(clock), ScriptedVerifier(clock), clock=clock,
+                            lv_threshold_tokens=threshold)
+    config = preset_config(preset, beam_size=8, beam_width=4, max_rounds=6, seed=5, **overrides)
+    runtime.run([SearchRequest(f"q{i}", [1, 2, 3, i], config) for i in range(8)])
+    assert runtime.stats().live_sequences == 0
+    return runtime
+
+
+def requests_per_call(runtime: SearchRuntime) -> list[int]:
+    return runtime.metrics.verifier_batch_requests
+
+
+def test_specscale_makes_no_more_prm_calls_than_ep_cd_on_the_same_trace():
+    ep_cd, specscale = scripted_run("ep+cd"), scripted_run("specscale")
+    assert len(specscale.verifier.batches) <= len(ep_cd.verifier.batches)
+
+
+def test_the_whole_queue_flush_makes_fewer_calls_holding_more_requests_than_the_per_request_ablation():
+    whole = scripted_run("specscale", threshold=NEVER)
+    own = scripted_run("specscale", threshold=NEVER, lv_flush_scope="request")
+    assert len(whole.verifier.batches) < len(own.verifier.batches)
+    assert max(requests_per_call(whole)) > 1
+    assert sum(requests_per_call(whole)) / len(requests_per_call(whole)) > \
+        sum(requests_per_call(own)) / len(requests_per_call(own))
+
+
+def test_the_no_speculation_control_batches_across_requests_and_keeps_beam_cds_paths():
+    control, beam_cd = scripted_run("beam+cd+lv"), scripted_run("beam+cd")
+    paths = [[p.text for p in control.result(i).paths] for i in control.finished_ids()]
+    assert paths == [[p.text for p in beam_cd.result(i).paths] for i in beam_cd.finished_ids()]
+    assert control.flush_reasons and "sibling-group" not in control.flush_reasons  # the lazy triggers, no group
+    assert len(control.verifier.batches) <= len(beam_cd.verifier.batches)
