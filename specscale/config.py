@@ -68,7 +68,9 @@ class SearchConfig:
     beam_size N logical candidates per round, beam_width M children per retained path (k = N / M
     retained). selection: "beam" (global top-k), "dvts" (top-1 per sibling group), "best_of_n"
     (N full samples, one round). speculative: verified candidates are expanded before their round is
-    decided, up to speculation_depth rounds ahead of the last decided round. prune_strict /
+    decided, up to speculation_depth rounds ahead of the last decided round; rank_speculation: the engine
+    runs speculative rows in order of their parent's survival rank in its round (False: oldest first, an
+    ablation). prune_strict /
     perfect_shortcut: early pruning. dedup: computation deduplication (CD). verification: "round" (a
     request's whole round at once, batched across requests), "immediate" (each step as it finishes),
     "lazy" (queued, flushed on the lazy-verification triggers), "lazy_round" (a round at once, queued as
@@ -101,6 +103,7 @@ class SearchConfig:
     selection: str = "beam"
     speculative: bool = False
     speculation_depth: int = 1
+    rank_speculation: bool = True
     prune_strict: bool = False
     perfect_shortcut: bool = False
     dedup: bool = False

@@ -15,7 +15,6 @@ t(R) = fixed + R x per_row it is R = fixed / per_row: speculation rides in the r
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel
@@ -56,6 +55,5 @@ def hardware_profile_for(device: str, device_name: str | None = None) -> Hardwar
 
 def checkpoint_row_budget(checkpoint: str | Path, dtype: str, hardware: HardwareProfile, max_rows: int) -> int:
     """The budget of a Hugging Face checkpoint's decode on `hardware` (its shape from config.json)."""
-    config = json.loads((Path(checkpoint) / "config.json").read_text())
-    profile = ModelProfile.from_hf_config(config, Path(checkpoint).name, None if dtype == "auto" else dtype)
+    profile = ModelProfile.load(str(checkpoint), None if dtype == "auto" else dtype)
     return speculative_row_budget(RooflineCostModel(hardware), profile, max_rows)

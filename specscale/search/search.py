@@ -136,7 +136,7 @@ class Search:
             actions += self._prune_below_threshold(self.rounds[c.round])
         if c.alive and not c.completed:
             actions += self._speculate(c, ev.time)
-        if self.speculation.eager_depth:
+        if self.speculation.eager_depth and self.config.rank_speculation:
             actions += self._rerank_speculation(self.rounds[c.round])
         return actions + self._try_decide(ev.time)
 
@@ -312,7 +312,8 @@ class Search:
         depth = max(e.round - (self.last_decided + 1), 0)
         if depth == 0:
             return 0
-        return -depth * SPECULATION_BAND - min(self._survival_rank(e.parent), SPECULATION_BAND - 1)
+        rank = self._survival_rank(e.parent) if self.config.rank_speculation else 0
+        return -depth * SPECULATION_BAND - min(rank, SPECULATION_BAND - 1)
 
     def _survival_rank(self, parent: Candidate) -> int:
         """Logical copies of the parent's round, verified so far, that score strictly above the parent: below
