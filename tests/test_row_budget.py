@@ -9,7 +9,7 @@ from specscale.row_budget import hardware_profile_for, speculative_row_budget
 from specscale.search.presets import preset_config
 from specscale.search.protocol import Expand, ScoresArrived, SetPriority, StepFinished, Verify
 from specscale.search.search import SPECULATION_BAND, Search
-from specscale.sim.cost import CostModel, RooflineCostModel, flops, bytes_moved, IterationWork
+from specscale.sim.cost import CostModel, RooflineCostModel, bytes_moved, compute_seconds, IterationWork
 from specscale.sim.hardware import HardwareProfile
 from specscale.sim.model_profile import ModelProfile
 from specscale.sim.simulation import Simulation, SimulationConfig
@@ -41,7 +41,7 @@ def test_on_a_gpu_roofline_the_budget_is_the_decodes_compute_knee():
 
     def bound(rows):  # which roof an iteration of `rows` decode rows sits on
         work = IterationWork(decode_contexts=(256,) * rows, head_rows=rows, live_sequences=rows)
-        compute = flops(SEVEN_B, work) / a100.hardware.achievable_flops
+        compute = compute_seconds(a100.hardware, SEVEN_B, work)  # the GEMMs at their rows' rate
         memory = bytes_moved(SEVEN_B, work) / a100.hardware.achievable_bandwidth
         return "compute" if compute > memory else "memory"
 

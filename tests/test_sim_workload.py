@@ -169,3 +169,23 @@ def test_the_real_verifier_reads_the_simulated_scores(prm):
     assert first[-1].step_scores == pytest.approx(direct, abs=1e-6)
     assert all(s == 1.0 for s, d in zip(first[-1].step_scores, direct) if d == 1.0)
     sim.close()
+
+
+def test_perfect_share_is_a_workload_option_of_specscale_simulate():
+    """`--perfect-share 0.6` sets the simulated PRM's share of exact 1.0 scores among sound steps (the erred
+    steps' share keeps its ratio to it) and says so in the workload's sources; without it the preset's 0.30."""
+    from specscale.bench.common import open_simulation
+    from specscale.cli import build_parser
+    from specscale.sim.workload_choice import choose_workload
+
+    base = choose_workload("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b")
+    assert base.prm.perfect_share_sound == 0.30
+    for share in (0.1, 0.6):
+        workload = choose_workload("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b", perfect_share=share)
+        assert workload.prm.perfect_share_sound == share
+        assert workload.prm.perfect_share_erred == pytest.approx(share * 0.03 / 0.30)
+        assert "--perfect-share" in workload.sources["perfect_share"]
+    args = build_parser().parse_args(["simulate", "throughput", "--out", "x", "--perfect-share", "0.6"])
+    sim = open_simulation(args)
+    assert sim.workload.prm.perfect_share_sound == 0.6
+    sim.close()

@@ -54,7 +54,7 @@ DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight
 QUIET_CPU = 0.15  # share of all CPUs busy with other processes above which timings are flagged untrustworthy
 SIMULATED_REPEATS = 1  # a simulation is deterministic under its seed: a repeat would replay the same run
 IGNORED_BY_BACKEND = {  # options a backend does not read (left out of the recorded command line)
-    "real": frozenset({"backend", "hardware", "dataset", "workload", "prm_kv_share"}),
+    "real": frozenset({"backend", "hardware", "dataset", "workload", "prm_kv_share", "perfect_share"}),
     "sim": frozenset({"kv_gb", "prm_kv_gb", "device", "dtype"}),
 }
 
@@ -99,6 +99,8 @@ def add_simulation_arguments(parser) -> None:
                        help="a trace (.jsonl, `specscale trace`) fitted onto the preset, or a workload JSON")
     group.add_argument("--prm-kv-share", type=float, default=SimulationConfig.prm_kv_share,
                        help="share of the KV memory left after the weights that goes to the PRM")
+    group.add_argument("--perfect-share", type=float, default=None,
+                       help="share of sound steps the simulated PRM scores exactly 1.0 (default: the preset's)")
 
 
 def add_model_arguments(parser) -> None:
@@ -171,7 +173,7 @@ def open_simulation(args) -> Simulation:
 
     generator, prm = ModelProfile.load(args.generator).name, ModelProfile.load(args.prm).name
     dataset = args.dataset or default_dataset(args.generator)
-    workload = choose_workload(dataset, generator, prm, args.workload)
+    workload = choose_workload(dataset, generator, prm, args.workload, getattr(args, "perfect_share", None))
     return Simulation(SimulationConfig(
         hardware=args.hardware, generator=args.generator, prm=args.prm, dataset=dataset, workload=workload,
         prm_kv_share=args.prm_kv_share, spare_rows=args.spare_rows, seed=args.seed,

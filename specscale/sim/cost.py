@@ -9,17 +9,22 @@ batch per tick, so the simulated clock simply adds their times. The roofline of 
                                              + sum over prefill chunks of n*c + n*(n+1)/2)
     bytes   B = body weights + head weights (when any head row runs)
                 + kv_bytes_per_token * (sum of decode contexts + sum over chunks of (c + n) + T)
-    seconds = fixed(role) + host + max(F / achievable FLOP/s, B / achievable bytes/s)
+    compute = body FLOPs / gemm_rate(T, hidden) + head FLOPs / gemm_rate(head rows, head columns)
+              + attention FLOPs / achievable FLOP/s
+    seconds = fixed(role) + host + max(compute, B / achievable bytes/s)
 
 with n the chunk's new tokens and c the tokens cached before it: a decode row attends to its whole
 context and reads its KV; a prefill chunk's token i attends to c + i keys, and the chunk reads the cached
-KV once (flash attention); every new token writes its KV. Embedding gathers, norms and activations are
-left out (under 1% of either term for these models). `fixed(role)` is the hardware's
-iteration_fixed_s for the generator and prm_iteration_fixed_s for a PRM batch; `host` is, for a generator
-iteration, rows x row_overhead_s (sampling, stop detection and bookkeeping per row) + live sequences x
-sequence_overhead_s (the scheduler's scan and the search's bookkeeping over every sequence the engine
-holds, scheduled or not: speculative and paused ones too), 0 for the PRM. On the CPU both host terms are
-fitted from `specscale bench characterize` (docs/simulator.md, "The CPU profile").
+KV once (flash attention); every new token writes its KV. gemm_rate(M, N) is `HardwareProfile.gemm_flop_rate`:
+a GEMM's achieved FLOP/s rises with its rows M as its output tiles fill the multiprocessors (constant on
+a profile without multiprocessors). Embedding gathers, norms and activations are left out (under 1% of
+either term for these models). `fixed(role)` is the hardware's iteration_fixed_s for the generator and
+prm_iteration_fixed_s for a PRM batch; `host` is, for a generator iteration, rows x row_overhead_s
+(sampling, stop detection and bookkeeping per row) + live sequences x sequence_overhead_s (the scheduler's
+scan and the search's bookkeeping over every sequence the engine holds, scheduled or not: speculative and
+paused ones too); for a PRM batch, prm_token_overhead_s per input token of every scored sequence (c + n:
+the PRM input is tokenised whole for every call). On the CPU the host terms are fitted from `specscale
+bench characterize` (docs/simulator.md, "The CPU profile").
 """
 
 from __future__ import annotations
@@ -84,14 +89,25 @@ class RooflineCostModel(CostModel):
 
     def iteration_seconds(self, model: ModelProfile, work: IterationWork, role: str) -> float:
         hw = self.hardware
-        compute_s = flops(model, work) / hw.achievable_flops
         memory_s = bytes_moved(model, work) / hw.achievable_bandwidth
-        return fixed_seconds(hw, role) + host_seconds(hw, work, role) + max(compute_s, memory_s)
+        return fixed_seconds(hw, role) + host_seconds(hw, work, role) + max(compute_seconds(hw, model, work), memory_s)
 
 
 def flops(model: ModelProfile, work: IterationWork) -> float:
     return (model.body_flops_per_token * work.num_tokens + model.head_flops_per_row * work.head_rows
             + model.attention_flops_per_key * work.attended_keys)
+
+
+def compute_seconds(hardware: HardwareProfile, model: ModelProfile, work: IterationWork) -> float:
+    """The body's and the head's GEMMs at their rows' achieved rate, attention at the saturated rate."""
+    body = model.body_flops_per_token * work.num_tokens / hardware.gemm_flop_rate(work.num_tokens, model.hidden_size)
+    head = model.head_flops_per_row * work.head_rows / hardware.gemm_flop_rate(work.head_rows, head_columns(model))
+    return body + head + model.attention_flops_per_key * work.attended_keys / hardware.achievable_flops
+
+
+def head_columns(model: ModelProfile) -> int:
+    """Output columns of the head's (first) GEMM: the vocabulary, or a score head's hidden layer."""
+    return model.vocab_size if model.head == "lm" else model.hidden_size
 
 
 def bytes_moved(model: ModelProfile, work: IterationWork) -> float:
@@ -100,10 +116,16 @@ def bytes_moved(model: ModelProfile, work: IterationWork) -> float:
 
 
 def host_seconds(hardware: HardwareProfile, work: IterationWork, role: str) -> float:
-    """The host's share of a generator iteration: per row and per live sequence; none for the PRM."""
-    if role != "generator":
-        return 0.0
+    """The host's share of an iteration beyond its fixed part: a generator iteration's per row and per live
+    sequence, a PRM call's per input token (every scored sequence's whole input, re-tokenised)."""
+    if role == "prm":
+        return prm_input_tokens(work) * hardware.prm_token_overhead_s
     return work.num_rows * hardware.row_overhead_s + work.live_sequences * hardware.sequence_overhead_s
+
+
+def prm_input_tokens(work: IterationWork) -> int:
+    """Tokens of the sequences a PRM call scores, their cached prefixes included."""
+    return sum(c + n for n, c in work.prefill_chunks) + sum(work.decode_contexts)
 
 
 def fixed_seconds(hardware: HardwareProfile, role: str) -> float:

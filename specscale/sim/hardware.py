@@ -12,14 +12,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 HARDWARE_DIR = Path(__file__).parent / "data" / "hardware"
+GEMM_TILE_COLUMNS = 128  # the output tile of cuBLAS / CUTLASS bf16 GEMMs on Ampere and Hopper: 128 x 128,
+GEMM_TILE_ROWS = (16, 128)  # a GEMM of fewer rows takes tiles of as many rows (skinny tiles), 16 at least
 
 
 @dataclass(frozen=True)
 class HardwareProfile:
     """peak_flops: dense bf16 FLOP/s; memory_bandwidth: bytes/s; memory_bytes: device memory.
-    compute_efficiency / bandwidth_efficiency: achievable fractions of those peaks.
+    compute_efficiency / bandwidth_efficiency: achievable fractions of those peaks; compute_efficiency is
+    what a GEMM of many rows reaches (the saturated end of the curve below).
+    multiprocessors / gemm_half_wave: a GEMM's efficiency rises with its rows M as its 128 x 128 output
+    tiles fill the device's multiprocessors: efficiency(M) = compute_efficiency x M / (M + M_half) with
+    M_half = gemm_half_wave x multiprocessors x tile rows x 128 / N for an N-column output, the tile's rows
+    M clamped to 16..128 (docs/simulator.md, "GEMM efficiency"); 0 multiprocessors
+    (the CPU profile) keeps the efficiency constant.
     iteration_fixed_s: fixed cost of a generator iteration; prm_iteration_fixed_s: of a PRM iteration
-    (one batch of readouts); row_overhead_s: host cost per row of a generator iteration;
+    (one batch of readouts: scheduling, launches and the readout's host work, not hidden behind the GPU);
+    prm_token_overhead_s: host cost per PRM input token of a call (re-tokenising every scored sequence's
+    whole input, its cached prefix included); row_overhead_s: host cost per row of a generator iteration;
     sequence_overhead_s: host cost per live sequence (scheduled or not) of a generator iteration, 0 where
     the profile folds it into the other two (files without the field read as 0).
     memory_utilization: share of memory_bytes the two engines may take; reserved_bytes: of that, what
@@ -38,6 +48,9 @@ class HardwareProfile:
     memory_utilization: float
     reserved_bytes: float
     sequence_overhead_s: float = 0.0
+    multiprocessors: int = 0
+    gemm_half_wave: float = 0.0
+    prm_token_overhead_s: float = 0.0
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -48,7 +61,7 @@ class HardwareProfile:
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{self.name}: {name} must be in (0, 1]")
         for name in ("iteration_fixed_s", "prm_iteration_fixed_s", "row_overhead_s", "sequence_overhead_s",
-                     "reserved_bytes"):
+                     "reserved_bytes", "multiprocessors", "gemm_half_wave", "prm_token_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.name}: {name} must be >= 0")
 
@@ -59,6 +72,17 @@ class HardwareProfile:
     @property
     def achievable_bandwidth(self) -> float:
         return self.memory_bandwidth * self.bandwidth_efficiency
+
+    def gemm_half_rows(self, rows: int, output_columns: int) -> float:
+        """M_half of a GEMM of `rows` rows and `output_columns` columns: its efficiency is half of
+        compute_efficiency where its rows are M_half."""
+        tile_rows = min(max(rows, GEMM_TILE_ROWS[0]), GEMM_TILE_ROWS[1])
+        return self.gemm_half_wave * self.multiprocessors * tile_rows * GEMM_TILE_COLUMNS / output_columns
+
+    def gemm_flop_rate(self, rows: int, output_columns: int) -> float:
+        """Achieved FLOP/s of a GEMM of `rows` rows and `output_columns` columns (the saturating curve)."""
+        half = self.gemm_half_rows(rows, output_columns)
+        return self.achievable_flops * rows / (rows + half) if rows else self.achievable_flops
 
     @classmethod
     def from_json(cls, data: dict) -> HardwareProfile:
