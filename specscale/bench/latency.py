@@ -29,6 +29,7 @@ from specscale.bench.common import (
 )
 
 NAME = "latency"
+BUDGET_KEYS = {"output": "mean_normalized_ms_per_token", "answer": "mean_normalized_ms_per_answer_token"}
 FULL = {"problems": 48, "repeats": 3, "beam_sizes": [8], "max_rounds": 40,
         "variants": ["beam", "naive-spec", "fasttts", "ep+cd", "specscale"],
         "rate_fractions": [0.25, 0.5, 1.0, 1.5, 2.0]}
@@ -46,6 +47,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--budget-ms-per-token", type=float, default=None, help="normalized-latency budget")
     parser.add_argument("--budget-factor", type=float, default=2.0,
                         help="without a budget: this times the first variant's latency at the lowest rate")
+    parser.add_argument("--budget-unit", choices=sorted(BUDGET_KEYS), default="output",
+                        help="the tokens the budget is per: every returned path's (output) or the selected answer's")
     parser.set_defaults(func=run)
 
 
@@ -60,12 +63,12 @@ def run(args) -> int:
     budget = budget_ms_per_token(args, results, rates)
     for variant, by_size in results.items():
         for cell in by_size.values():
-            cell["max_sustainable_rate"] = sustainable_rate(cell["rates"], budget)
+            cell["max_sustainable_rate"] = sustainable_rate(cell["rates"], budget, BUDGET_KEYS[args.budget_unit])
     extra = {"rates": rates, "capacity_requests_per_s": capacity, "burstiness": args.burstiness,
-             "budget_ms_per_token": budget}
+             "budget_ms_per_token": budget, "budget_unit": args.budget_unit}
     info = finish_info(info, started)
-    text = report(results, budget, capacity)
-    write_outputs(args.out, NAME, info, runs, results, text, plot(results, budget), extra)
+    text = report(results, budget, capacity, args.budget_unit)
+    write_outputs(args.out, NAME, info, runs, results, text, plot(results, budget, args.budget_unit), extra)
     print(text)
     return 0
 
@@ -124,6 +127,7 @@ def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float]
         result = runtime.result(request_id)
         latency = finished_at[request_id] - (start + arrival)
         out.append({"arrival_s": arrival, "latency_s": latency, "output_tokens": result.usage.output_tokens,
+                    "answer_tokens": result.best.num_tokens if result.best is not None else 0,
                     "queued_s": result.timings.queued_s})
     return out, runtime
 
@@ -131,8 +135,10 @@ def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float]
 def latency_numbers(requests: list[dict]) -> dict[str, float]:
     latencies = [r["latency_s"] for r in requests]
     normalized = [r["latency_s"] / r["output_tokens"] for r in requests if r["output_tokens"]]
+    per_answer = [r["latency_s"] / r["answer_tokens"] for r in requests if r.get("answer_tokens")]
     return {
         "mean_normalized_ms_per_token": 1000 * statistics.fmean(normalized) if normalized else float("inf"),
+        "mean_normalized_ms_per_answer_token": 1000 * statistics.fmean(per_answer) if per_answer else float("inf"),
         "p50_s": percentile(latencies, 50),
         "p90_s": percentile(latencies, 90),
         "p99_s": percentile(latencies, 99),
@@ -155,51 +161,53 @@ def budget_ms_per_token(args, results: dict, rates: list[float]) -> float:
         return args.budget_ms_per_token
     reference = results[args.variants[0]][str(min(args.beam_sizes))]["rates"]
     lowest = next(point for point in reference if point["rate"] == rates[0])
-    return args.budget_factor * lowest["mean_normalized_ms_per_token"]
+    return args.budget_factor * lowest[BUDGET_KEYS[args.budget_unit]]
 
 
-def sustainable_rate(points: list[dict], budget: float) -> float | None:
-    """The highest rate at which this and every lower rate meet the budget; None if the lowest fails."""
+def sustainable_rate(points: list[dict], budget: float, key: str = BUDGET_KEYS["output"]) -> float | None:
+    """The highest rate at which this and every lower rate meet the budget (on `key`); None if the lowest
+    fails."""
     best = None
     for point in sorted(points, key=lambda p: p["rate"]):
-        if point["mean_normalized_ms_per_token"] > budget:
+        if point[key] > budget:
             break
         best = point["rate"]
     return best
 
 
-def report(results: dict, budget: float, capacity: float | None) -> str:
+def report(results: dict, budget: float, capacity: float | None, unit: str = "output") -> str:
     rows = []
     for variant, by_size in results.items():
         for n, cell in by_size.items():
             for point in cell["rates"]:
-                rows.append([variant, int(n), point["rate"], point["mean_normalized_ms_per_token"], point["p50_s"],
+                rows.append([variant, int(n), point["rate"], point["mean_normalized_ms_per_token"],
+                             point["mean_normalized_ms_per_answer_token"], point["p50_s"],
                              point["p90_s"], point["p99_s"], point["mean_queued_s"], point["verifier_calls"],
                              point["verifier_batch_tokens_median"], point["verifier_batch_requests_mean"],
                              flush_text(point.get("flush_reasons"))])
-    header = ["variant", "N", "rate req/s", "norm. ms/token", "p50 s", "p90 s", "p99 s", "queued s", "PRM calls",
+    header = ["variant", "N", "rate req/s", "norm. ms/token", "ms/answer token", "p50 s", "p90 s", "p99 s", "queued s", "PRM calls",
               "PRM tok/call", "req/call", "lazy flushes"]
     text = "\n## Latency against arrival rate (medians over repeats)\n\n" + markdown_table(header, rows)
     calibration = "" if capacity is None else f"; rates are fractions of a measured capacity of {capacity:.2f} req/s"
-    text += f"\n## Highest rate under {budget:.1f} ms/token{calibration}\n\n"
+    text += f"\n## Highest rate under {budget:.1f} ms per {unit} token{calibration}\n\n"
     sustained = [[variant, int(n), cell["max_sustainable_rate"]] for variant, by_size in results.items()
                  for n, cell in by_size.items()]
     return text + markdown_table(["variant", "N", "max sustainable req/s"], sustained)
 
 
-def plot(results: dict, budget: float):
+def plot(results: dict, budget: float, unit: str = "output"):
     figure, (normalized, raw) = new_figure(1, 2)
     for variant, by_size in results.items():
         for n, cell in by_size.items():
             points = sorted(cell["rates"], key=lambda p: p["rate"])
             rates = [p["rate"] for p in points]
-            line, = normalized.plot(rates, [p["mean_normalized_ms_per_token"] for p in points], "o-",
+            line, = normalized.plot(rates, [p[BUDGET_KEYS[unit]] for p in points], "o-",
                                     label=f"{variant} N={n}")
             raw.plot(rates, [p["p90_s"] for p in points], "o-", color=line.get_color(), label=f"{variant} N={n} p90")
             raw.plot(rates, [p["p50_s"] for p in points], "--", color=line.get_color())
     normalized.axhline(budget, color="grey", linestyle=":", label="budget")
     normalized.set_xlabel("arrival rate (requests / s)")
-    normalized.set_ylabel("mean normalized latency (ms / output token)")
+    normalized.set_ylabel(f"mean normalized latency (ms / {unit} token)")
     normalized.legend(fontsize=8)
     raw.set_xlabel("arrival rate (requests / s)")
     raw.set_ylabel("end-to-end latency (s): p90 solid, p50 dashed")
