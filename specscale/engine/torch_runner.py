@@ -33,8 +33,7 @@ class TorchModelRunner(ModelRunner):
         self.model = model
         self.num_blocks = num_blocks
         self.block_size = block_size
-        weight = model.model.embed_tokens.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        self.device, self.dtype = model.device, model.dtype
         args = model.args
         self.vocab_size = args.vocab_size
         self.head_size = model.output_size
@@ -54,10 +53,10 @@ class TorchModelRunner(ModelRunner):
         or as many as config.kv_cache_memory_gb holds."""
         model_max = ModelArgs.from_hf_config(read_hf_config(config.model)).max_position_embeddings
         max_model_len = min(config.max_model_len or model_max, model_max)
-        model = load_model(config.model, config.dtype, config.device, max_model_len)
+        model = load_model(config.model, config.dtype, config.device, max_model_len, config.kernels)
         num_blocks = config.num_kv_blocks
         if num_blocks is None:
-            per_block = kv_bytes_per_block(model, config.block_size, model.model.embed_tokens.weight.dtype)
+            per_block = kv_bytes_per_block(model, config.block_size, model.dtype)
             num_blocks = max(int(config.kv_cache_memory_gb * 2**30) // per_block, 1)
         return cls(model, num_blocks, config.block_size, config.attention_backend)
 
@@ -71,6 +70,12 @@ class TorchModelRunner(ModelRunner):
                 raise RuntimeError("the C++ CPU kernels could not be built on this machine")
             return False
         return True
+
+    def kernels(self) -> dict:
+        report = getattr(self.model, "kernel_choice", None)  # a model built without load_model has none
+        paths = report.report() if report is not None else {}
+        return paths | {"attention": "cpp" if self.use_cpu_kernels else "torch",
+                        "prefill_attention": "cpp" if self.use_prefill_kernel else "torch"}
 
     def memory(self) -> ModelMemory:
         rotary = self.model.rotary
