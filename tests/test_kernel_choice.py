@@ -30,17 +30,17 @@ BUCKETS = (1, 32, 512)
 
 
 class TableTimer:
-    """Measured times from a table: seconds = base[path] * rows-scale, per shape; counts its calls."""
+    """Measured times from a table (shape key -> path -> rows -> seconds); counts the cells it measured."""
 
     def __init__(self, table: dict[str, dict[str, dict[int, float]]]):
         self.table, self.calls = table, 0
 
-    def __call__(self, path: str, shape: LinearShape, rows: int) -> float:
-        self.calls += 1
-        return self.table[shape.key][path][rows]
+    def __call__(self, shape: LinearShape, paths, buckets) -> dict[str, dict[int, float]]:
+        self.calls += len(paths) * len(buckets)
+        return {path: {rows: self.table[shape.key][path][rows] for rows in buckets} for path in paths}
 
 
-def refuse(path, shape, rows):
+def refuse(shape, paths, buckets):
     raise AssertionError("a cached machine must not measure again")
 
 
@@ -93,13 +93,13 @@ def test_fastest_path_and_bucket_winners_break_ties_in_path_order():
     assert fastest_path(times) == "onednn" and bucket_winners(times) == {8: "onednn"}
 
 
-def test_the_real_timer_measures_every_path_it_offers(tmp_path):
-    """The default timer runs each path of a small weight and returns positive seconds."""
-    from specscale.model.kernel_choice import time_linear
+def test_the_real_timer_measures_every_path_it_offers():
+    """The default timer runs each path of a small weight and returns positive seconds for every cell."""
+    from specscale.model.kernel_choice import time_paths
 
     layer = Linear(64, 96, bias=True).bfloat16()
-    for path in layer.paths():
-        assert 0 < time_linear(path, layer.shape, 8) < 1.0
+    times = time_paths(layer.shape, layer.paths(), (1, 8))
+    assert set(times) == set(layer.paths()) and all(0 < t < 1.0 for by_rows in times.values() for t in by_rows.values())
 
 
 def engine_logits(path, dtype: str, kernels, prompts) -> list[torch.Tensor]:
@@ -191,3 +191,24 @@ def test_an_avx2_only_cpu_gets_a_working_path(qwen2_dir):
             theirs = torch.tensor(theirs)
             scale = ours.abs().max().item()
             assert (theirs - ours).abs().max().item() <= (1e-4 if dtype == "float32" else 2.0 ** -6) * scale
+
+
+def test_attention_takes_the_faster_measured_path_and_caches_it(tmp_path):
+    from specscale.model.kernel_choice import AttentionShape
+
+    shape = AttentionShape(14, 2, 64, "bfloat16")
+    timings = {"decode": {"cpp": 1.0, "torch": 3.0}, "prefill": {"cpp": 2.0, "torch": 1.5}}
+    choice = KernelChoice("auto", MACHINE, tmp_path, refuse, lambda s, kind: timings[kind])
+    assert choice.attention_path(shape, "decode") == "cpp" and choice.attention_path(shape, "prefill") == "torch"
+    again = KernelChoice("auto", MACHINE, tmp_path, refuse, lambda s, kind: pytest.fail("cached"))
+    assert again.attention_path(shape, "prefill") == "torch" and again.timings_taken == 0
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the torch path is used")
+def test_the_real_attention_timer_runs_both_paths():
+    from specscale.model.kernel_choice import AttentionShape, time_attention
+
+    shape = AttentionShape(4, 2, 64, "float32")
+    for kind in ("decode", "prefill"):
+        times = time_attention(shape, kind)
+        assert set(times) == {"cpp", "torch"} and all(0 < t < 1 for t in times.values())

@@ -15,6 +15,7 @@ from specscale.engine.model_runner import ModelRunner, RunnerOutput, head_layout
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.model import cpu_kernels
 from specscale.model.attention import AttentionMetadata, padded_prefill_metadata
+from specscale.model.kernel_choice import AttentionShape, KernelChoice
 from specscale.model.loader import load_model, read_hf_config
 from specscale.model.transformer import ModelArgs
 from specscale.model.memory import ModelMemory, tensors_bytes, weight_bytes
@@ -46,6 +47,8 @@ class TorchModelRunner(ModelRunner):
         ]
         self.use_cpu_kernels = self._choose_backend(attention_backend)
         self.use_prefill_kernel = self.use_cpu_kernels and cpu_kernels.has_prefill_kernel(args.head_dim)
+        if attention_backend == "auto" and self.use_cpu_kernels and hasattr(model, "kernel_choice"):
+            self._measure_attention(model.kernel_choice, args)
 
     @classmethod
     def from_checkpoint(cls, config: EngineConfig) -> "TorchModelRunner":
@@ -70,6 +73,14 @@ class TorchModelRunner(ModelRunner):
                 raise RuntimeError("the C++ CPU kernels could not be built on this machine")
             return False
         return True
+
+    def _measure_attention(self, choice: KernelChoice, args) -> None:
+        """"auto": the C++ kernels (decode attention with the fused norm / RoPE / activation ops that go with
+        it; the prefill kernel on its own) where they measure faster than plain torch here."""
+        shape = AttentionShape(args.num_heads, args.num_kv_heads, args.head_dim, str(self.dtype).removeprefix("torch."))
+        self.use_cpu_kernels = choice.attention_path(shape, "decode") == "cpp"
+        self.use_prefill_kernel = self.use_prefill_kernel and self.use_cpu_kernels and \
+            choice.attention_path(shape, "prefill") == "cpp"
 
     def kernels(self) -> dict:
         report = getattr(self.model, "kernel_choice", None)  # a model built without load_model has none

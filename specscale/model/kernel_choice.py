@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 LINEAR_PATHS = KERNEL_MODES[1:]  # ours, onednn, torch: also the order a forced path falls back in, ties break in
 ROW_BUCKETS = (1, 8, 32, 64, 128, 512)  # rows a generator's linears run: decode batches up to prefill chunks
 PREFILL_BUCKETS = (128, 512)  # a PRM's: prefill chunks (its MLP runs in chunks of <= 512 rows)
-TIMED_CALLS, TIME_BUDGET_S = 7, 0.3  # per (shape, path, bucket): up to 7 timed calls, fewer past 0.3 s
+MIN_ROUNDS, MAX_ROUNDS, BUCKET_BUDGET_S = 2, 15, 0.3  # timed rounds over the paths per (shape, bucket)
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,25 @@ class LinearShape:
         return f"{self.dtype} {self.out_features}x{self.in_features}" + (" bias" if self.bias else "")
 
 
-Timer = Callable[[str, LinearShape, int], float]  # (path, shape, rows) -> seconds of one call
+@dataclass(frozen=True)
+class AttentionShape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype} {self.heads}/{self.kv_heads}x{self.head_dim}"
+
+
+ATTENTION_PATHS = ("cpp", "torch")  # the C++ kernels (model/cpu_kernels.py) or gather + SDPA
+# the batches attention is timed on: 32 decode rows on 256-token contexts; 8 x 128 new tokens on 256 cached
+DECODE_ROWS, PREFILL_ROWS, NEW_TOKENS, CONTEXT_TOKENS, BLOCK_TOKENS = 32, 8, 128, 256, 16
+AttentionTimer = Callable[[AttentionShape, str], dict[str, float]]
+
+# (shape, paths, buckets) -> path -> rows -> seconds of one call
+Timer = Callable[[LinearShape, tuple[str, ...], tuple[int, ...]], dict[str, dict[int, float]]]
 
 
 def fastest_path(times: dict[str, dict[int, float]]) -> str:
@@ -86,17 +104,20 @@ def forced_path(mode: str, candidates: tuple[str, ...]) -> str:
 class KernelChoice:
     """Picks each linear's path (see the module docstring); one per loaded model.
 
-    timer: (path, shape, rows) -> seconds (default: `time_linear`, a real measurement; tests inject one).
+    timer: (shape, paths, buckets) -> path -> rows -> seconds (default: `time_paths`, a real measurement;
+    tests inject one); attention_timer: (shape, "decode" | "prefill") -> {"cpp": s, "torch": s}.
     cache_dir: where the per-machine file lives (default: beside the compiled C++ extension)."""
 
     def __init__(self, mode: str = "auto", fingerprint: MachineFingerprint | None = None,
-                 cache_dir: Path | None = None, timer: Timer | None = None):
+                 cache_dir: Path | None = None, timer: Timer | None = None,
+                 attention_timer: AttentionTimer | None = None):
         if mode not in KERNEL_MODES:
             raise ValueError(f"kernels must be one of {KERNEL_MODES}, got {mode!r}")
         self.mode = mode
         self.fingerprint = fingerprint or MachineFingerprint.current()
         self.cache_file = (cache_dir or cpu_kernels.build_directory()) / f"kernel-choice-{self.fingerprint.key}.json"
-        self.timer = timer or time_linear
+        self.timer = timer or time_paths
+        self.attention_timer = attention_timer or time_attention
         self.times = self._load()  # "shape key|path|rows" -> seconds
         self.timings_taken = 0  # timer calls in this process: 0 when every shape came from the cache
         self.chosen: dict[str, str] = {}  # "shape key[ tied]" -> path
@@ -112,20 +133,35 @@ class KernelChoice:
         elif len(candidates) == 1:
             path = candidates[0]
         else:
-            times = {candidate: {rows: self._time(candidate, shape, rows) for rows in buckets} for candidate in candidates}
+            times = self._times(shape, candidates, buckets)
             path = fastest_path(times)
             self.winners[key] = bucket_winners(times)
         self.chosen[key] = path
         self.uses[path] += 1
         return path
 
-    def _time(self, path: str, shape: LinearShape, rows: int) -> float:
-        entry = f"{shape.key}|{path}|{rows}"
-        if entry not in self.times:
-            self.times[entry] = self.timer(path, shape, rows)
-            self.timings_taken += 1
+    def attention_path(self, shape: AttentionShape, kind: str) -> str:
+        """"cpp" or "torch" for decode or prefill attention (kind), whichever is faster here (cached like the
+        linears; the C++ kernels must have built, and for prefill support the head size)."""
+        entry = lambda path: f"{kind} attention {shape.key}|{path}"  # noqa: E731
+        if not all(entry(path) in self.times for path in ATTENTION_PATHS):
+            measured = self.attention_timer(shape, kind)
+            self.times.update({entry(path): measured[path] for path in ATTENTION_PATHS})
+            self.timings_taken += len(ATTENTION_PATHS)
             self._save()
-        return self.times[entry]
+        path = min(ATTENTION_PATHS, key=lambda p: self.times[entry(p)])
+        self.chosen[f"{kind} attention {shape.key}"] = path
+        return path
+
+    def _times(self, shape: LinearShape, paths: tuple[str, ...], buckets: tuple[int, ...]) -> dict[str, dict[int, float]]:
+        """path -> rows -> seconds, from the cache, or measured (all of the shape's cells at once) and cached."""
+        entry = lambda path, rows: f"{shape.key}|{path}|{rows}"  # noqa: E731
+        if not all(entry(path, rows) in self.times for path in paths for rows in buckets):
+            measured = self.timer(shape, paths, buckets)
+            self.times.update({entry(path, rows): measured[path][rows] for path in paths for rows in buckets})
+            self.timings_taken += len(paths) * len(buckets)
+            self._save()
+        return {path: {rows: self.times[entry(path, rows)] for rows in buckets} for path in paths}
 
     def _load(self) -> dict[str, float]:
         if not self.cache_file.is_file():
@@ -174,28 +210,99 @@ def evict_caches() -> None:
 
 
 @torch.inference_mode()
-def time_linear(path: str, shape: LinearShape, rows: int) -> float:
-    """Seconds of one call of a random weight of `shape` on `path` with `rows` input rows, caches evicted
-    before each call: one untimed call, then the fastest of up to TIMED_CALLS timed ones within TIME_BUDGET_S
-    (the fastest, not the median: on a shared machine a parallel call whose thread is descheduled waits a
-    whole time slice, ~10 ms, which would decide a small shape's choice)."""
+def time_paths(shape: LinearShape, paths: tuple[str, ...], buckets: tuple[int, ...]) -> dict[str, dict[int, float]]:
+    """path -> rows -> seconds of one call of a random weight of `shape`, the caches evicted before each call.
+
+    Bucket by bucket, the paths' calls are interleaved: each round times every path once (after one untimed
+    round), for at least MIN_ROUNDS and at most MAX_ROUNDS rounds or until BUCKET_BUDGET_S is spent, and a
+    path's time is its fastest round. On a shared machine a parallel call whose thread is descheduled waits
+    a whole time slice (~10 ms): the fastest of many interleaved rounds is the one such stalls missed."""
+    layers = {path: linear_on_path(shape, path) for path in paths}
+    times: dict[str, dict[int, float]] = {path: {} for path in paths}
+    for rows in buckets:
+        x = torch.randn(rows, shape.in_features).to(getattr(torch, shape.dtype))  # [rows, in]
+        calls: dict[str, list[float]] = {path: [] for path in paths}
+        start = time.perf_counter()
+        for round_ in range(MAX_ROUNDS + 1):
+            for path in paths:
+                calls[path].append(timed_call(layers[path], x))
+            if round_ >= MIN_ROUNDS and time.perf_counter() - start > BUCKET_BUDGET_S:
+                break
+        for path in paths:
+            times[path][rows] = min(calls[path][1:])
+    return times
+
+
+def timed_call(layer, x: torch.Tensor) -> float:
+    evict_caches()
+    start = time.perf_counter()
+    layer(x)
+    return time.perf_counter() - start
+
+
+def linear_on_path(shape: LinearShape, path: str):
+    """A Linear of `shape` with random weights, laid out for `path`."""
     from specscale.model.transformer import Linear  # the layer is the thing measured; it imports this module
 
-    dtype = getattr(torch, shape.dtype)
     with torch.device("meta"):
-        linear = Linear(shape.in_features, shape.out_features, bias=shape.bias, dtype=dtype)
+        linear = Linear(shape.in_features, shape.out_features, bias=shape.bias, dtype=getattr(torch, shape.dtype))
     linear = linear.to_empty(device="cpu")
-    linear.weight.normal_(0.0, 0.02)
-    if shape.bias:
-        linear.bias.normal_(0.0, 0.02)
+    with torch.no_grad():
+        linear.weight.normal_(0.0, 0.02)
+        if shape.bias:
+            linear.bias.normal_(0.0, 0.02)
     linear.prepack(path)
-    x = torch.randn(rows, shape.in_features).to(dtype)  # [rows, in]
-    times: list[float] = []
-    for call in range(TIMED_CALLS + 1):
-        evict_caches()
-        start = time.perf_counter()
-        linear(x)
-        times.append(time.perf_counter() - start)
-        if call > 0 and sum(times[1:]) > TIME_BUDGET_S:
+    return linear
+
+
+@torch.inference_mode()
+def time_attention(shape: AttentionShape, kind: str) -> dict[str, float]:
+    """Seconds of one decode (DECODE_ROWS rows) or prefill (PREFILL_ROWS x NEW_TOKENS) attention call on
+    CONTEXT_TOKENS-token contexts, per path: the fastest of interleaved rounds, as time_paths."""
+    calls = decode_calls(shape) if kind == "decode" else prefill_calls(shape)
+    times: dict[str, list[float]] = {path: [] for path in calls}
+    start = time.perf_counter()
+    for round_ in range(MAX_ROUNDS + 1):
+        for path, call in calls.items():
+            evict_caches()
+            began = time.perf_counter()
+            call()
+            times[path].append(time.perf_counter() - began)
+        if round_ >= MIN_ROUNDS and time.perf_counter() - start > BUCKET_BUDGET_S:
             break
-    return min(times[1:])
+    return {path: min(taken[1:]) for path, taken in times.items()}
+
+
+def random_caches(shape: AttentionShape, rows: int, tokens: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """K and V caches of `rows` sequences of `tokens` tokens each, and their block tables [rows, blocks] int32."""
+    blocks = tokens // BLOCK_TOKENS
+    dtype = getattr(torch, shape.dtype)
+    caches = [torch.randn(rows * blocks, BLOCK_TOKENS, shape.kv_heads, shape.head_dim).to(dtype) for _ in range(2)]
+    return caches, torch.arange(rows * blocks, dtype=torch.int32).view(rows, blocks)
+
+
+def decode_calls(shape: AttentionShape) -> dict[str, Callable[[], torch.Tensor]]:
+    from specscale.model.attention import decode_attention  # the thing measured
+
+    (key_cache, value_cache), tables = random_caches(shape, DECODE_ROWS, CONTEXT_TOKENS)
+    q = torch.randn(DECODE_ROWS, shape.heads, shape.head_dim).to(getattr(torch, shape.dtype))  # [B, H, D]
+    lens = torch.full((DECODE_ROWS,), CONTEXT_TOKENS, dtype=torch.int32)
+    scale = shape.head_dim**-0.5
+    return {"cpp": lambda: decode_attention(q, key_cache, value_cache, tables, lens, scale, True),
+            "torch": lambda: decode_attention(q, key_cache, value_cache, tables.long(), lens.long(), scale, False)}
+
+
+def prefill_calls(shape: AttentionShape) -> dict[str, Callable[[], torch.Tensor]]:
+    from specscale.model.attention import AttentionMetadata, padded_prefill_metadata, prefill_attention
+
+    (key_cache, value_cache), tables = random_caches(shape, PREFILL_ROWS, CONTEXT_TOKENS + NEW_TOKENS)
+    q = torch.randn(PREFILL_ROWS * NEW_TOKENS, shape.heads, shape.head_dim).to(getattr(torch, shape.dtype))
+    starts, counts = torch.full((PREFILL_ROWS,), CONTEXT_TOKENS), torch.full((PREFILL_ROWS,), NEW_TOKENS)
+    common = {"slot_mapping": starts, "num_decode_tokens": 0, "decode_block_tables": None, "decode_context_lens": None}
+    kernel = AttentionMetadata(**common, prefill_block_tables=tables, prefill_mask=None, prefill_query_index=None,
+                               prefill_query_len=0, prefill_starts=starts, prefill_counts=counts,
+                               use_cpu_kernels=True, use_prefill_kernel=True)
+    padded = AttentionMetadata(**common, **padded_prefill_metadata(tables.long(), starts, counts, BLOCK_TOKENS))
+    scale = shape.head_dim**-0.5
+    return {"cpp": lambda: prefill_attention(q, key_cache, value_cache, kernel, scale),
+            "torch": lambda: prefill_attention(q, key_cache, value_cache, padded, scale)}

@@ -1,4 +1,5 @@
-"""MachineFingerprint: what decides which kernel is fastest here: CPU model, ISA flags, threads, torch version.
+"""MachineFingerprint: what decides which kernel is fastest here: CPU model, ISA flags, threads, torch version
+(and the OpenMP wait policy: waking sleeping threads costs a small call tens of microseconds).
 
 The ISA flags are the ones a kernel path depends on (AVX2 / AVX-512 / AVX512-BF16 / AMX ...), read from
 /proc/cpuinfo. `SPECSCALE_CPU_ISA=avx2` makes the process behave as on an AVX2-only CPU: the flags above
@@ -60,10 +61,12 @@ class MachineFingerprint:
     isa_flags: tuple[str, ...]
     threads: int
     torch_version: str
+    omp_wait_policy: str = ""
 
     @classmethod
     def current(cls) -> "MachineFingerprint":
-        return cls(cpu_model(), isa_flags(), torch.get_num_threads(), torch.__version__)
+        return cls(cpu_model(), isa_flags(), torch.get_num_threads(), torch.__version__,
+                   os.environ.get("OMP_WAIT_POLICY", "").upper())
 
     @property
     def key(self) -> str:
