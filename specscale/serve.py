@@ -16,6 +16,7 @@ import os
 import socket
 from pathlib import Path
 
+from specscale.config import KERNEL_MODES
 from specscale.pipeline import DEFAULT_LV_THRESHOLD, PipelineConfig
 from specscale.scaleout.command import add_ray_flags
 from specscale.search.presets import PRESETS
@@ -61,6 +62,7 @@ def add_serve(sub) -> None:
     p.add_argument("--lv-threshold-tokens", type=int, default=None,
                    help=f"lazy-verification threshold (default: the PRM profile's, else {DEFAULT_LV_THRESHOLD})")
     p.add_argument("--device", default=defaults.device)
+    p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / torch")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -119,6 +121,7 @@ def pipeline_config(args) -> PipelineConfig:
         generator=args.generator, prm=args.prm, device=args.device, generator_kv_gb=args.generator_kv_gb,
         prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency, lv_threshold_tokens=args.lv_threshold_tokens,
         system_prompt=args.system_prompt, seed=args.seed, trust_special_tokens=args.trust_special_tokens,
+        kernels=args.kernels,
     )
 
 
@@ -149,7 +152,16 @@ def log_memory(pipeline) -> None:
 
     print(f"SpecScale generator memory: {pipeline.engine.model_memory().describe()}", flush=True)
     print(f"SpecScale PRM memory: {pipeline.verifier.engine.model_memory().describe()}", flush=True)
+    for role, engine in (("generator", pipeline.engine), ("PRM", pipeline.verifier.engine)):
+        print(f"SpecScale {role} kernels: {kernels_line(engine.kernels())}", flush=True)
     print(f"SpecScale process resident memory: {process_resident_bytes() / MIB:,.0f} MiB", flush=True)
+
+
+def kernels_line(report: dict) -> str:
+    """E.g. "linears ours x97, torch x1, attention cpp, prefill attention cpp on AMD EPYC, ... (no AMX)"."""
+    linears = ", ".join(f"{path} x{count}" for path, count in report.get("linear_paths", {}).items())
+    return (f"linears {linears or 'plain'}, attention {report['attention']}, prefill attention "
+            f"{report['prefill_attention']} on {report.get('machine', 'this device')}")
 
 
 def bind(host: str, port: int) -> socket.socket:

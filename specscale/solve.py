@@ -11,6 +11,7 @@ import time
 
 from tqdm import tqdm
 
+from specscale.config import KERNEL_MODES
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.presets import PRESETS, preset_config
 from specscale.tasks.toy import is_correct, toy_problems
@@ -31,13 +32,14 @@ def add_solve(sub) -> None:
     p.add_argument("--prm", default=PipelineConfig.prm)
     p.add_argument("--max-concurrency", type=int, default=32)
     p.add_argument("--device", default=PipelineConfig.device, help="cpu or cuda")
+    p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / torch")
     p.add_argument("--quiet", action="store_true", help="one line per question (its answer), then the summary")
     p.set_defaults(func=run_solve)
 
 
 def run_solve(args) -> int:
     pipeline = Pipeline(PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
-                                       device=args.device))
+                                       device=args.device, kernels=args.kernels))
     problems = None if args.question else toy_problems("test", args.problems, seed=args.seed)
     questions = args.question or [p.question for p in problems]
     requests = []

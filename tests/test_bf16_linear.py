@@ -63,14 +63,17 @@ def test_bf16_linear_refuses_a_weight_packed_for_another_width():
         cpu_kernels.pack_bf16_linear(torch.randn(16, 63).bfloat16())
 
 
-def test_linear_takes_the_bf16_kernel_for_bf16_and_onednn_otherwise():
+def test_linear_offers_our_kernel_for_bf16_with_an_even_k_only():
     torch.manual_seed(0)
     layers = {dtype: Linear(96, 160, bias=True).to(dtype) for dtype in (torch.bfloat16, torch.float32)}
-    odd = Linear(95, 16, bias=False).bfloat16()  # an odd K has no (k, k+1) pairs: oneDNN
-    for layer in [*layers.values(), odd]:
-        layer.prepack()
+    odd = Linear(95, 16, bias=False).bfloat16()  # an odd K has no (k, k+1) pairs: oneDNN or F.linear
+    assert layers[torch.bfloat16].paths()[0] == "ours" and "ours" not in layers[torch.float32].paths()
+    assert "ours" not in odd.paths() and odd.paths()[-1] == "torch"
+    layers[torch.bfloat16].prepack("ours")
+    layers[torch.float32].prepack("onednn")
+    odd.prepack(odd.paths()[0])
     assert layers[torch.bfloat16].packed_bf16 is not None and layers[torch.bfloat16].packed is None
     assert layers[torch.float32].packed_bf16 is None and layers[torch.float32].packed is not None
-    assert odd.packed_bf16 is None and odd.is_prepacked
+    assert odd.packed_bf16 is None
     x = torch.randn(3, 95).bfloat16()
     assert odd(x).shape == (3, 16)

@@ -56,12 +56,16 @@ def test_model_memory_counts_each_weight_once(midsize_dir):
     assert memory.as_dict()["device"] == "cpu"
 
 
-def test_a_tied_head_is_the_one_weight_held_twice(qwen2_dir):
-    """The embedding table serves lookups, its packed copy the LM head; every other weight is held once."""
-    model = load_model(qwen2_dir, dtype="float32")
-    embedding = model.model.embed_tokens.weight
-    head_copy = embedding.numel() * 4 if can_prepack(embedding.device, embedding.dtype) else 0
-    assert weight_bytes(model) == checkpoint_bytes(qwen2_dir) + head_copy
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kernels", ["auto", "ours", "onednn", "torch"])
+def test_a_tied_model_holds_its_embedding_once(qwen2_dir, dtype, kernels):
+    """The packed LM head and the embedding lookup share one buffer, whichever path packs the head."""
+    model = load_model(qwen2_dir, dtype=dtype, kernels=kernels)
+    element = 2 if dtype == "bfloat16" else 4
+    padding = sum(m.packed_bf16.numel() - m.out_features * m.in_features for m in model.modules()  # ours: 48-column blocks
+                  if isinstance(m, Linear) and m.packed_bf16 is not None) * element
+    assert weight_bytes(model) == checkpoint_bytes(qwen2_dir) * element // 4 + padding
+    assert model.lm_head.path in ("ours", "torch")  # the layouts a lookup can read
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -73,7 +77,7 @@ def test_prepacked_linear_keeps_only_the_packed_weight_and_computes_the_same(dty
     linear = Linear(96, 160, bias=True).to(dtype)
     weight, bias = linear.weight.detach().clone(), linear.bias.detach().clone()
     if packable:
-        linear.prepack()
+        linear.prepack("onednn")
     assert (linear.weight is None) == packable and linear.is_prepacked == packable
     tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
     for rows in (1, 3, 8, 40):

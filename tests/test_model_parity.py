@@ -102,23 +102,21 @@ def test_bfloat16_matches_transformers_bfloat16(family, request, test_device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_linears_are_prepacked(qwen2_dir, dtype):
-    """On CPU every fp32 / bf16 linear holds only its prepacked weight: oneDNN's, or for bf16 on an AVX512-BF16
-    CPU our kernel's (exactness: test_model_memory.py, test_bf16_linear.py; the parity tests above cover
-    whole models)."""
-    from specscale.model import cpu_kernels
+def test_cpu_linears_hold_one_copy_on_their_path(qwen2_dir, dtype):
+    """On CPU every linear runs one of the paths it can (model/kernel_choice.py) and holds only that path's
+    weight: the packed one for ours / oneDNN, the plain one for F.linear (exactness: test_kernel_choice.py,
+    test_bf16_linear.py; the parity tests above cover whole models)."""
     from specscale.model.loader import load_model
-    from specscale.model.transformer import Linear, can_prepack
+    from specscale.model.transformer import Linear
 
     model = load_model(qwen2_dir, dtype=str(dtype).removeprefix("torch."))
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    packs = can_prepack(torch.device("cpu"), dtype)  # False without oneDNN, or bf16 on a CPU without AVX-512
-    assert linears and all(m.is_prepacked == packs for m in linears)
-    ours = packs and dtype == torch.bfloat16 and cpu_kernels.has_bf16_linear()
-    assert all((m.packed_bf16 is not None) == ours for m in linears)
+    assert linears and all(m.path in ("ours", "onednn", "torch") for m in linears)
+    assert all((m.packed_bf16 is not None) == (m.path == "ours") for m in linears)
+    assert all((m.packed is not None) == (m.path == "onednn") for m in linears)
+    assert all((m.weight is None) == (m.path != "torch") for m in linears)
     assert any(m.bias is not None for m in linears)  # qkv carries Qwen2's bias through the packed call
-    assert all((m.weight is None) == packs for m in linears)
-    assert model.model.embed_tokens.weight is not None  # the tied head's table stays for the lookups
+    assert model.lm_head.path in ("ours", "torch")  # tied: the embedding lookups read the head's one copy
 
 
 YARN = {"factor": 4.0, "original_max_position_embeddings": 64}

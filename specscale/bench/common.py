@@ -37,6 +37,8 @@ import torch
 from tqdm import tqdm
 
 from specscale.bench.stack import PROBLEM_SET_SEED, BenchStack, RealStack, SimulatedStack
+from specscale.config import KERNEL_MODES
+from specscale.model.machine import MachineFingerprint
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.presets import preset_config
 from specscale.search.result import SearchResult
@@ -111,6 +113,7 @@ def add_model_arguments(parser) -> None:
                         help="PRM folder (default: the bundled toy PRM); simulated: also a bundled shape")
     parser.add_argument("--dtype", default="auto", help="model dtype for both models (default: the engine's)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / torch")
     parser.add_argument("--kv-gb", type=float, default=PipelineConfig.generator_kv_gb, help="generator KV pool")
     parser.add_argument("--prm-kv-gb", type=float, default=PipelineConfig.prm_kv_gb, help="PRM KV pool")
     parser.add_argument("--spare-rows", type=int, default=None,
@@ -155,7 +158,7 @@ def open_pipeline(args, **config) -> Pipeline:
     return Pipeline(PipelineConfig(
         generator=args.generator, prm=args.prm, generator_dtype=args.dtype, prm_dtype=args.dtype,
         generator_kv_gb=args.kv_gb, prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency,
-        lv_threshold_tokens=args.lv_threshold, spare_rows=args.spare_rows, **config,
+        lv_threshold_tokens=args.lv_threshold, spare_rows=args.spare_rows, kernels=args.kernels, **config,
     ))
 
 
@@ -403,6 +406,7 @@ def machine_info() -> dict:
     return {
         "platform": platform.platform(),
         "cpu": cpu_model(),
+        "isa": MachineFingerprint.current().describe(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
@@ -466,7 +470,17 @@ def header_markdown(name: str, info: dict) -> str:
             f"commit `{info['git_commit']}`, {machine['cpu']} ({machine['cpu_count']} CPUs, "
             f"{machine['torch_threads']} torch threads), {load:.0%} of the CPUs busy with other work at start{busy}, "
             f"{info.get('duration_s', 0.0):.0f} s{' (quick mode)' if info['quick'] else ''}.\n\n"
-            + simulated_markdown(info))
+            + kernels_markdown(info) + simulated_markdown(info))
+
+
+def kernels_markdown(info: dict) -> str:
+    """For a run on checkpoints: the machine's ISA and the kernel paths each model took."""
+    kernels = info.get("kernels") or {}
+    if not kernels:
+        return ""
+    paths = "; ".join(f"{role}: linears {report.get('linear_paths')}, attention {report.get('attention')}"
+                      for role, report in kernels.items())
+    return f"Machine: {info['machine'].get('isa', '')}. Kernels ({paths}).\n\n"
 
 
 def simulated_markdown(info: dict) -> str:

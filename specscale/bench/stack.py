@@ -87,6 +87,7 @@ class RealStack:
             "lv_threshold_tokens": self.lv_threshold_tokens,
             "kv_blocks": self.engine.block_manager.num_blocks,
             "spare_rows": self.engine.scheduler.spare_rows,
+            "kernels": self.pipeline.kernels(),
         }
 
     def close(self) -> None:

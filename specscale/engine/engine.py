@@ -86,6 +86,10 @@ class Engine:
     def runner_dtype(self) -> torch.dtype:
         return self.runner.dtype
 
+    def kernels(self) -> dict:
+        """The machine and the implementation of every hot path (/health, start-up log, benchmark headers)."""
+        return self.runner.kernels()
+
     def model_memory(self) -> ModelMemory:
         """Bytes the model holds: weights (one copy each), KV pool, RoPE tables (model/memory.py)."""
         return self.runner.memory()

@@ -56,6 +56,11 @@ class ModelRunner(ABC):
         """Compute the batch's new tokens (writing their KV) and return the head outputs at every
         row's `head_positions`, rows in `batch.rows` order."""
 
+    def kernels(self) -> dict:
+        """Which implementation each hot path runs here and on what machine (model/kernel_choice.py `report`,
+        plus attention); a runner without real kernels (the simulator's) runs none."""
+        return {}
+
     def memory(self) -> ModelMemory:
         """The bytes this runner holds on its device. A runner without real tensors (the simulator's
         virtual model and KV pool) holds none."""

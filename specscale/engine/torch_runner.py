@@ -15,6 +15,7 @@ from specscale.engine.model_runner import ModelRunner, RunnerOutput, head_layout
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.model import cpu_kernels
 from specscale.model.attention import AttentionMetadata, padded_prefill_metadata
+from specscale.model.kernel_choice import AttentionShape, KernelChoice
 from specscale.model.loader import load_model, read_hf_config
 from specscale.model.transformer import ModelArgs
 from specscale.model.memory import ModelMemory, tensors_bytes, weight_bytes
@@ -33,8 +34,7 @@ class TorchModelRunner(ModelRunner):
         self.model = model
         self.num_blocks = num_blocks
         self.block_size = block_size
-        weight = model.model.embed_tokens.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        self.device, self.dtype = model.device, model.dtype
         args = model.args
         self.vocab_size = args.vocab_size
         self.head_size = model.output_size
@@ -47,6 +47,8 @@ class TorchModelRunner(ModelRunner):
         ]
         self.use_cpu_kernels = self._choose_backend(attention_backend)
         self.use_prefill_kernel = self.use_cpu_kernels and cpu_kernels.has_prefill_kernel(args.head_dim)
+        if attention_backend == "auto" and self.use_cpu_kernels and hasattr(model, "kernel_choice"):
+            self._measure_attention(model.kernel_choice, args)
 
     @classmethod
     def from_checkpoint(cls, config: EngineConfig) -> "TorchModelRunner":
@@ -54,10 +56,10 @@ class TorchModelRunner(ModelRunner):
         or as many as config.kv_cache_memory_gb holds."""
         model_max = ModelArgs.from_hf_config(read_hf_config(config.model)).max_position_embeddings
         max_model_len = min(config.max_model_len or model_max, model_max)
-        model = load_model(config.model, config.dtype, config.device, max_model_len)
+        model = load_model(config.model, config.dtype, config.device, max_model_len, config.kernels)
         num_blocks = config.num_kv_blocks
         if num_blocks is None:
-            per_block = kv_bytes_per_block(model, config.block_size, model.model.embed_tokens.weight.dtype)
+            per_block = kv_bytes_per_block(model, config.block_size, model.dtype)
             num_blocks = max(int(config.kv_cache_memory_gb * 2**30) // per_block, 1)
         return cls(model, num_blocks, config.block_size, config.attention_backend)
 
@@ -71,6 +73,20 @@ class TorchModelRunner(ModelRunner):
                 raise RuntimeError("the C++ CPU kernels could not be built on this machine")
             return False
         return True
+
+    def _measure_attention(self, choice: KernelChoice, args) -> None:
+        """"auto": the C++ kernels (decode attention with the fused norm / RoPE / activation ops that go with
+        it; the prefill kernel on its own) where they measure faster than plain torch here."""
+        shape = AttentionShape(args.num_heads, args.num_kv_heads, args.head_dim, str(self.dtype).removeprefix("torch."))
+        self.use_cpu_kernels = choice.attention_path(shape, "decode") == "cpp"
+        self.use_prefill_kernel = self.use_prefill_kernel and self.use_cpu_kernels and \
+            choice.attention_path(shape, "prefill") == "cpp"
+
+    def kernels(self) -> dict:
+        report = getattr(self.model, "kernel_choice", None)  # a model built without load_model has none
+        paths = report.report() if report is not None else {}
+        return paths | {"attention": "cpp" if self.use_cpu_kernels else "torch",
+                        "prefill_attention": "cpp" if self.use_prefill_kernel else "torch"}
 
     def memory(self) -> ModelMemory:
         rotary = self.model.rotary

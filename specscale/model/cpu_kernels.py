@@ -13,8 +13,11 @@
   while the current ones are multiplied (docs/BENCHMARKS.md, "Real-size models").
 
 All but the linear are used together or not at all (TorchModelRunner / EngineConfig.attention_backend); the
-linear is chosen per weight when the model loads (`Linear.prepack`). When no compiler is available the engine
-falls back to the plain-torch path (and oneDNN for the linears) behind the same calls.
+linear is one of the paths a weight may take, chosen by measurement when the model loads
+(model/kernel_choice.py). When no compiler is available the engine falls back to the plain-torch path (and
+oneDNN or F.linear for the linears) behind the same calls. Under `SPECSCALE_CPU_ISA=avx2`
+(model/machine.py) the kernels compile for x86-64-v3 (AVX2 + FMA) as a separate extension: the portable
+code an AVX2-only CPU runs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from specscale.model.machine import forced_isa
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
@@ -35,13 +40,26 @@ _module = None
 _failed = False
 
 
+def extension_name() -> str:
+    return "specscale_cpu_kernels" + (f"_{forced_isa()}" if forced_isa() else "")
+
+
+def build_directory() -> Path:
+    """Where torch's JIT loader builds (and caches) this process's extension."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(get_default_build_root()) / extension_name()
+
+
 def _build():
     from torch.utils.cpp_extension import load
 
     # -ffp-contract=off: no fused multiply-adds the plain-torch path does not do (fp32 results match it)
-    flags = ["-O3", "-fopenmp", "-march=native", "-std=c++17", "-ffp-contract=off"]
-    return load(name="specscale_cpu_kernels", sources=[str(SOURCE)], extra_cflags=flags,
-                extra_ldflags=["-fopenmp"], verbose=False)
+    march = "-march=x86-64-v3" if forced_isa() == "avx2" else "-march=native"
+    flags = ["-O3", "-fopenmp", march, "-std=c++17", "-ffp-contract=off"]
+    build_directory().mkdir(parents=True, exist_ok=True)
+    return load(name=extension_name(), sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                build_directory=str(build_directory()), verbose=False)
 
 
 def available() -> bool:

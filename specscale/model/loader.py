@@ -7,12 +7,16 @@ gate/up into `gate_up_proj` while loading. No remote code from a checkpoint is e
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from specscale.model.kernel_choice import KernelChoice
 from specscale.model.transformer import ModelArgs, TransformerForCausalLM, TransformerForProcessReward
+
+log = logging.getLogger(__name__)
 
 MODEL_REGISTRY: dict[str, type[TransformerForCausalLM]] = {
     "Qwen2ForCausalLM": TransformerForCausalLM,
@@ -63,8 +67,11 @@ def model_class_for(config: dict) -> type[TransformerForCausalLM]:
     raise ValueError(f"unsupported architectures {architectures}; supported: {sorted(MODEL_REGISTRY)}")
 
 
-def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu", max_positions: int | None = None):
-    """Build the registered model class for the folder's config and fill it from its safetensors."""
+def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu", max_positions: int | None = None,
+               kernels: str | KernelChoice = "auto"):
+    """Build the registered model class for the folder's config and fill it from its safetensors; on CPU
+    every linear takes the path `kernels` picks (a KernelChoice, or its mode: "auto" takes the fastest
+    measured here, model/kernel_choice.py), kept as `model.kernel_choice`."""
     path = Path(path)
     config = read_hf_config(path)
     args = ModelArgs.from_hf_config(config)
@@ -74,7 +81,9 @@ def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu", max_p
     model = model.to_empty(device=device)
     _load_weights(model, path, torch_dtype)
     model.tie_weights()
-    model.prepack_linears()
+    model.kernel_choice = kernels if isinstance(kernels, KernelChoice) else KernelChoice(kernels)
+    model.prepack_linears(model.kernel_choice)
+    log.info("%s: %s", path.name, model.kernel_choice.describe())
     model.build_rotary(max_positions or args.max_position_embeddings)
     return model.eval()
 

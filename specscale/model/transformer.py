@@ -17,6 +17,8 @@ from torch import nn
 
 from specscale.model import cpu_kernels
 from specscale.model.attention import AttentionMetadata, paged_attention, write_kv
+from specscale.model.kernel_choice import PREFILL_BUCKETS, ROW_BUCKETS, KernelChoice, LinearShape
+from specscale.model.machine import MachineFingerprint
 
 
 @dataclass(frozen=True)
@@ -195,27 +197,48 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose weight is laid out once at load time for a CPU GEMM (`prepack()`, CPU fp32 / bf16).
+    """nn.Linear that runs one of three paths (model/kernel_choice.py picks one per weight by measurement):
 
-    For the 1-128-row batches of a small model, torch's F.linear runs at a third (fp32: an sgemm on the
-    plain weight) to a half (bf16: one thread) of the speed of a GEMM on a weight laid out for it once.
-    bf16 on a CPU with AVX512-BF16 takes our kernel (`packed_bf16`, model/cpu_kernels.py): at decode sizes it
-    streams the weights from memory while it multiplies, which oneDNN does not (docs/BENCHMARKS.md,
-    "Real-size models"); fp32, and bf16 elsewhere, take oneDNN's prepacked matmul (`packed`). Either way
-    only the packed weight stays (one copy of every weight on CPU): `weight` becomes None unless another
-    module shares it (a tied LM head's embedding table).
+    - "ours": our bf16 kernel on a weight packed for it once (`packed_bf16`, model/cpu_kernels.py; bf16, even
+      K, AVX512-BF16 CPUs): at decode sizes it streams the weights from memory while it multiplies, which
+      oneDNN does not (docs/BENCHMARKS.md, "Real-size models");
+    - "onednn": oneDNN's prepacked matmul (`packed`; fp32, and bf16 where oneDNN has bf16 kernels), on
+      whatever ISA oneDNN dispatches to (AMX on the Intel CPUs that have it: there it is several times
+      faster than ours);
+    - "torch": F.linear on the plain weight.
+
+    Whichever path, one copy of the weight stays: `prepack` drops the plain weight for the two packed
+    layouts (unless another module still shares it). A tied LM head can take "ours" or "torch" only, whose
+    layouts the embedding lookup can read (`rows`), so the vocabulary table is held once (TiedEmbedding).
     """
 
     packed: torch.Tensor | None = None  # oneDNN's opaque prepacked weight
     packed_bf16: torch.Tensor | None = None  # [ceil(out / 48), in / 2, 48, 2] for cpu_kernels.bf16_linear
+    path: str = "torch"
 
-    def prepack(self, batch_size_hint: int = 64) -> None:
+    @property
+    def shape(self) -> LinearShape:
+        dtype = str(self.weight.dtype).removeprefix("torch.")
+        return LinearShape(self.out_features, self.in_features, dtype, self.bias is not None)
+
+    def paths(self, tied: bool = False) -> tuple[str, ...]:
+        """The paths that can run this (still plain) weight here, in LINEAR_PATHS order; tied: it is also an
+        embedding table, which oneDNN's opaque layout cannot serve."""
+        weight = self.weight
+        ours = weight.dtype == torch.bfloat16 and self.in_features % 2 == 0 and cpu_kernels.has_bf16_linear()
+        onednn = not tied and can_prepack(weight.device, weight.dtype)
+        return tuple(p for p, can in (("ours", ours), ("onednn", onednn), ("torch", True)) if can)
+
+    def prepack(self, path: str, batch_size_hint: int = 64) -> None:
+        """Lay the weight out for `path` (one of self.paths()) once; the plain copy goes unless path is torch."""
         weight = self.weight.detach()
-        if weight.dtype == torch.bfloat16 and self.in_features % 2 == 0 and cpu_kernels.has_bf16_linear():
+        if path == "ours":
             self.packed_bf16 = cpu_kernels.pack_bf16_linear(weight)
-        else:
+        elif path == "onednn":
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_size=batch_size_hint)
-        self.weight = None  # frees the plain copy unless a tied module still holds it
+        if path != "torch":
+            self.weight = None  # frees the plain copy unless a tied module still holds it
+        self.path = path
 
     @property
     def is_prepacked(self) -> bool:
@@ -228,14 +251,36 @@ class Linear(nn.Linear):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T] -> weight rows [T, in], read from whichever layout holds the weight ("ours" or "torch")."""
+        if self.packed_bf16 is not None:
+            columns = self.packed_bf16.shape[2]  # packed[b, k // 2, c, k % 2] = W[b * columns + c, k]
+            return self.packed_bf16[ids // columns, :, ids % columns].reshape(ids.shape[0], self.in_features)
+        return F.embedding(ids, self.weight)
+
+
+class TiedEmbedding(nn.Module):
+    """The embedding lookup of a tied model, served from its LM head's one weight (Linear.rows)."""
+
+    def __init__(self, head: Linear):
+        super().__init__()
+        self.head = head
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, h]
+        return self.head.rows(ids)
+
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether Linear.prepack applies: fp32 or bf16 on a CPU whose torch build has oneDNN."""
+    """Whether oneDNN's prepacked path applies: fp32 or bf16 on a CPU whose torch build has oneDNN."""
     if not (device.type == "cpu" and dtype in PACKABLE_DTYPES and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return False
-    # oneDNN's bf16 reorder needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; an AVX2-only CPU keeps F.linear
-    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    # oneDNN's bf16 reorder needs AVX-512 (BW/VL/DQ), AMX or AVX-NE-CONVERT; an AVX2-only CPU (or one forced
+    # to run as one, model/machine.py) keeps F.linear
+    machine = MachineFingerprint.current()
+    bf16_isa = all(machine.has(f) for f in ("avx512bw", "avx512vl", "avx512dq")) or machine.has("amx_bf16") \
+        or machine.has("avx_ne_convert")
+    return dtype != torch.bfloat16 or (bf16_isa and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class RMSNorm(nn.Module):
@@ -389,21 +434,38 @@ class TransformerForCausalLM(nn.Module):
     def output_size(self) -> int:
         return self.args.vocab_size
 
+    row_buckets = ROW_BUCKETS  # the rows its linears run (model/kernel_choice.py): decode and prefill
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.norm.weight.device
+
     def tie_weights(self) -> None:
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def prepack_linears(self) -> None:
-        """Lay every linear weight out for oneDNN once, dropping the plain copy (CPU fp32 / bf16; see Linear)."""
-        weight = self.model.embed_tokens.weight
-        if can_prepack(weight.device, weight.dtype):
-            for module in self.modules():
-                if isinstance(module, Linear):
-                    module.prepack()
+    def tied_head(self) -> Linear | None:
+        return self.lm_head if self.args.tie_word_embeddings else None
+
+    def prepack_linears(self, choice: KernelChoice) -> None:
+        """Lay every linear weight out once for the path `choice` picks for it (CPU; see Linear); a tied head
+        then also serves the embedding lookups from its one copy (TiedEmbedding)."""
+        if self.device.type != "cpu":
+            return
+        tied = self.tied_head()
+        for module in self.modules():
+            if isinstance(module, Linear):
+                candidates = module.paths(tied=module is tied)
+                module.prepack(choice.linear_path(module.shape, candidates, self.row_buckets, module is tied))
+        if tied is not None:
+            self.model.embed_tokens = TiedEmbedding(tied)
 
     def build_rotary(self, max_positions: int) -> None:
-        weight = self.model.embed_tokens.weight
-        self.rotary = RotaryTable(self.args, max_positions, weight.device, weight.dtype)
+        self.rotary = RotaryTable(self.args, max_positions, self.device, self.dtype)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata,
                 output_rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -421,6 +483,8 @@ class TransformerForCausalLM(nn.Module):
 class TransformerForProcessReward(TransformerForCausalLM):
     """Qwen2ForProcessRewardModel: Qwen2 body + score = Linear(h, h) -> ReLU -> Linear(h, 2) per token."""
 
+    row_buckets = PREFILL_BUCKETS  # a PRM only prefills (its score head is a small share of the work)
+
     def __init__(self, args: ModelArgs):
         nn.Module.__init__(self)
         self.args = args
@@ -434,6 +498,9 @@ class TransformerForProcessReward(TransformerForCausalLM):
         return self.args.num_labels
 
     def tie_weights(self) -> None:
+        return None
+
+    def tied_head(self) -> Linear | None:
         return None
 
     def compute_head(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -100,7 +100,7 @@ def health_report(engine_loop: EngineLoop) -> dict:
             "requests_running": snapshot.running, "requests_waiting": engine_loop.waiting(),
             "kv_blocks_used": snapshot.kv_blocks_used, "kv_blocks_total": snapshot.kv_blocks_total,
             "prm_kv_blocks_used": snapshot.prm_kv_blocks_used, "live_sequences": snapshot.live_sequences,
-            "ticks": snapshot.ticks, "memory": engine_loop.memory()}
+            "ticks": snapshot.ticks, "memory": engine_loop.memory(), "kernels": engine_loop.kernels}
 
 
 def metrics_text(engine_loop: EngineLoop, metrics: ServerMetrics) -> str:

@@ -115,9 +115,10 @@ class EngineLoop:
     """make_runtime: builds the runtime from its callbacks and options (`Pipeline.runtime`)."""
 
     def __init__(self, make_runtime: Callable[..., SearchRuntime], metrics: ServerMetrics, max_waiting: int,
-                 retry_after_s: int = 1, model_memory: Callable[[], dict] | None = None):
+                 retry_after_s: int = 1, model_memory: Callable[[], dict] | None = None, kernels: dict | None = None):
         self.runtime = make_runtime(on_round=self._on_round, on_finished=self._on_finished, keep_finished=False)
         self._model_memory = model_memory  # {"generator": ..., "prm": ...} for /health (Pipeline.model_memory)
+        self.kernels = kernels or {}  # machine and kernel paths per model for /health (Pipeline.kernels)
         self.metrics = metrics
         self.max_waiting = max_waiting
         self.retry_after_s = retry_after_s

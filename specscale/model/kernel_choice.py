@@ -1,0 +1,308 @@
+"""KernelChoice: which path every linear runs on this machine, chosen by measurement, cached per machine.
+
+The fastest GEMM depends on the CPU: on an AMD EPYC with AVX512-BF16 and no AMX our bf16 kernel streams the
+weights of a decode step faster than oneDNN, on an Intel Xeon with AMX oneDNN's AMX kernels are several times
+faster than ours (docs/BENCHMARKS.md, "Real-size models"). So no fixed rule: the paths of a linear
+(model/transformer.py `Linear`, LINEAR_PATHS) are timed on this machine for each weight shape at each row
+bucket the engine runs (ROW_BUCKETS for a generator: decode batches and prefill chunks; PREFILL_BUCKETS for
+a PRM, which only prefills), on weights evicted from the caches first (a decode step streams every weight
+from memory). The timings are cached in a JSON file named by the machine's fingerprint (model/machine.py:
+CPU model, ISA flags, threads, torch version) beside the compiled C++ extension, so a later start on the
+same machine measures nothing.
+
+A weight has one layout (one copy in memory), so it takes one path for every row count: the one whose time,
+relative to the fastest path of each bucket, has the smallest geometric mean over the buckets (with one
+bucket, simply the fastest; the per-bucket winners are reported beside it). `mode` other than "auto"
+forces a path where it can run (KERNEL_MODES; EngineConfig.kernels, `--kernels`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specscale.config import KERNEL_MODES
+from specscale.model import cpu_kernels
+from specscale.model.machine import MachineFingerprint
+
+log = logging.getLogger(__name__)
+
+LINEAR_PATHS = KERNEL_MODES[1:]  # ours, onednn, torch: also the order a forced path falls back in, ties break in
+ROW_BUCKETS = (1, 8, 32, 64, 128, 512)  # rows a generator's linears run: decode batches up to prefill chunks
+PREFILL_BUCKETS = (128, 512)  # a PRM's: prefill chunks (its MLP runs in chunks of <= 512 rows)
+MIN_ROUNDS, MAX_ROUNDS, BUCKET_BUDGET_S = 2, 15, 0.3  # timed rounds over the paths per (shape, bucket)
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    out_features: int
+    in_features: int
+    dtype: str  # "bfloat16", "float32", ...
+    bias: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype} {self.out_features}x{self.in_features}" + (" bias" if self.bias else "")
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype} {self.heads}/{self.kv_heads}x{self.head_dim}"
+
+
+ATTENTION_PATHS = ("cpp", "torch")  # the C++ kernels (model/cpu_kernels.py) or gather + SDPA
+# the batches attention is timed on: 32 decode rows on 256-token contexts; 8 x 128 new tokens on 256 cached
+DECODE_ROWS, PREFILL_ROWS, NEW_TOKENS, CONTEXT_TOKENS, BLOCK_TOKENS = 32, 8, 128, 256, 16
+AttentionTimer = Callable[[AttentionShape, str], dict[str, float]]
+
+# (shape, paths, buckets) -> path -> rows -> seconds of one call
+Timer = Callable[[LinearShape, tuple[str, ...], tuple[int, ...]], dict[str, dict[int, float]]]
+
+
+def fastest_path(times: dict[str, dict[int, float]]) -> str:
+    """path -> rows -> seconds: the path with the smallest geometric-mean time relative to each bucket's
+    fastest (the fastest when there is one bucket); ties go to the earlier of LINEAR_PATHS."""
+    buckets = next(iter(times.values())).keys()
+    best = {rows: min(by_rows[rows] for by_rows in times.values()) for rows in buckets}
+    slowdown = {path: statistics.fmean(math.log(by_rows[rows] / best[rows]) for rows in buckets)
+                for path, by_rows in times.items()}
+    return min(times, key=lambda path: (slowdown[path], LINEAR_PATHS.index(path)))
+
+
+def bucket_winners(times: dict[str, dict[int, float]]) -> dict[int, str]:
+    """rows -> the fastest path at that bucket."""
+    buckets = next(iter(times.values())).keys()
+    return {rows: min(times, key=lambda path: (times[path][rows], LINEAR_PATHS.index(path))) for rows in buckets}
+
+
+def forced_path(mode: str, candidates: tuple[str, ...]) -> str:
+    """The forced path where it can run, else the next of LINEAR_PATHS that can ("torch" always can)."""
+    for path in LINEAR_PATHS[LINEAR_PATHS.index(mode):]:
+        if path in candidates:
+            return path
+    return candidates[-1]
+
+
+class KernelChoice:
+    """Picks each linear's path (see the module docstring); one per loaded model.
+
+    timer: (shape, paths, buckets) -> path -> rows -> seconds (default: `time_paths`, a real measurement;
+    tests inject one); attention_timer: (shape, "decode" | "prefill") -> {"cpp": s, "torch": s}.
+    cache_dir: where the per-machine file lives (default: beside the compiled C++ extension)."""
+
+    def __init__(self, mode: str = "auto", fingerprint: MachineFingerprint | None = None,
+                 cache_dir: Path | None = None, timer: Timer | None = None,
+                 attention_timer: AttentionTimer | None = None):
+        if mode not in KERNEL_MODES:
+            raise ValueError(f"kernels must be one of {KERNEL_MODES}, got {mode!r}")
+        self.mode = mode
+        self.fingerprint = fingerprint or MachineFingerprint.current()
+        self.cache_file = (cache_dir or cpu_kernels.build_directory()) / f"kernel-choice-{self.fingerprint.key}.json"
+        self.timer = timer or time_paths
+        self.attention_timer = attention_timer or time_attention
+        self.times = self._load()  # "shape key|path|rows" -> seconds
+        self.timings_taken = 0  # timer calls in this process: 0 when every shape came from the cache
+        self.chosen: dict[str, str] = {}  # "shape key[ tied]" -> path
+        self.winners: dict[str, dict[int, str]] = {}  # the same keys -> rows -> fastest path there
+        self.uses: Counter = Counter()  # path -> linears that run it
+
+    def linear_path(self, shape: LinearShape, candidates: tuple[str, ...], buckets: tuple[int, ...],
+                    tied: bool = False) -> str:
+        """The path one weight of this shape runs (candidates: the paths that can run it, LINEAR_PATHS order)."""
+        key = shape.key + (" tied" if tied else "")
+        if self.mode != "auto":
+            path = forced_path(self.mode, candidates)
+        elif len(candidates) == 1:
+            path = candidates[0]
+        else:
+            times = self._times(shape, candidates, buckets)
+            path = fastest_path(times)
+            self.winners[key] = bucket_winners(times)
+        self.chosen[key] = path
+        self.uses[path] += 1
+        return path
+
+    def attention_path(self, shape: AttentionShape, kind: str) -> str:
+        """"cpp" or "torch" for decode or prefill attention (kind), whichever is faster here (cached like the
+        linears; the C++ kernels must have built, and for prefill support the head size)."""
+        entry = lambda path: f"{kind} attention {shape.key}|{path}"  # noqa: E731
+        if not all(entry(path) in self.times for path in ATTENTION_PATHS):
+            measured = self.attention_timer(shape, kind)
+            self.times.update({entry(path): measured[path] for path in ATTENTION_PATHS})
+            self.timings_taken += len(ATTENTION_PATHS)
+            self._save()
+        path = min(ATTENTION_PATHS, key=lambda p: self.times[entry(p)])
+        self.chosen[f"{kind} attention {shape.key}"] = path
+        return path
+
+    def _times(self, shape: LinearShape, paths: tuple[str, ...], buckets: tuple[int, ...]) -> dict[str, dict[int, float]]:
+        """path -> rows -> seconds, from the cache, or measured (all of the shape's cells at once) and cached."""
+        entry = lambda path, rows: f"{shape.key}|{path}|{rows}"  # noqa: E731
+        if not all(entry(path, rows) in self.times for path in paths for rows in buckets):
+            measured = self.timer(shape, paths, buckets)
+            self.times.update({entry(path, rows): measured[path][rows] for path in paths for rows in buckets})
+            self.timings_taken += len(paths) * len(buckets)
+            self._save()
+        return {path: {rows: self.times[entry(path, rows)] for rows in buckets} for path in paths}
+
+    def _load(self) -> dict[str, float]:
+        if not self.cache_file.is_file():
+            return {}
+        stored = json.loads(self.cache_file.read_text())
+        return stored["times"] if stored.get("fingerprint") == json.loads(json.dumps(asdict(self.fingerprint))) else {}
+
+    def _save(self) -> None:
+        """Atomically (another process may read or write the same file)."""
+        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"fingerprint": asdict(self.fingerprint), "times": self.times}, indent=1, sort_keys=True)
+        with tempfile.NamedTemporaryFile("w", dir=self.cache_file.parent, delete=False, suffix=".tmp") as file:
+            file.write(text)
+        os.replace(file.name, self.cache_file)
+
+    def report(self) -> dict:
+        """What /health, the start-up log and the benchmark headers name: machine, mode, chosen paths."""
+        return {"machine": self.fingerprint.describe(), "mode": self.mode, "linear_paths": dict(self.uses),
+                "linears": dict(self.chosen), "bucket_winners": {k: dict(v) for k, v in self.winners.items()},
+                "timings_taken": self.timings_taken, "cache": str(self.cache_file)}
+
+    def describe(self) -> str:
+        """One line: "kernels auto: linears ours x97, torch x1 (cache hit) on <machine>"."""
+        uses = ", ".join(f"{path} x{count}" for path, count in sorted(self.uses.items(), key=lambda kv: -kv[1]))
+        source = "cache hit" if self.timings_taken == 0 else f"{self.timings_taken} timings taken now"
+        return f"kernels {self.mode}: linears {uses or 'none'} ({source}) on {self.fingerprint.describe()}"
+
+
+# ---- the measurement ---------------------------------------------------------------------------------
+_eviction: list[torch.Tensor] = []  # one buffer of twice the last-level cache, made on first use
+
+
+def last_level_cache_bytes() -> int:
+    path = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
+    text = path.read_text().strip() if path.is_file() else "32768K"
+    scale = {"K": 2**10, "M": 2**20}.get(text[-1], 1)
+    return int(text.rstrip("KM")) * scale
+
+
+def evict_caches() -> None:
+    """Read twice the last-level cache's bytes (read, not written: dirty lines would have to be written back
+    during the timed call, taking memory bandwidth from it)."""
+    if not _eviction:
+        _eviction.append(torch.ones(2 * last_level_cache_bytes() // 4, dtype=torch.float32))
+    _eviction[0].sum()
+
+
+@torch.inference_mode()
+def time_paths(shape: LinearShape, paths: tuple[str, ...], buckets: tuple[int, ...]) -> dict[str, dict[int, float]]:
+    """path -> rows -> seconds of one call of a random weight of `shape`, the caches evicted before each call.
+
+    Bucket by bucket, the paths' calls are interleaved: each round times every path once (after one untimed
+    round), for at least MIN_ROUNDS and at most MAX_ROUNDS rounds or until BUCKET_BUDGET_S is spent, and a
+    path's time is its fastest round. On a shared machine a parallel call whose thread is descheduled waits
+    a whole time slice (~10 ms): the fastest of many interleaved rounds is the one such stalls missed."""
+    layers = {path: linear_on_path(shape, path) for path in paths}
+    times: dict[str, dict[int, float]] = {path: {} for path in paths}
+    for rows in buckets:
+        x = torch.randn(rows, shape.in_features).to(getattr(torch, shape.dtype))  # [rows, in]
+        calls: dict[str, list[float]] = {path: [] for path in paths}
+        start = time.perf_counter()
+        for round_ in range(MAX_ROUNDS + 1):
+            for path in paths:
+                calls[path].append(timed_call(layers[path], x))
+            if round_ >= MIN_ROUNDS and time.perf_counter() - start > BUCKET_BUDGET_S:
+                break
+        for path in paths:
+            times[path][rows] = min(calls[path][1:])
+    return times
+
+
+def timed_call(layer, x: torch.Tensor) -> float:
+    evict_caches()
+    start = time.perf_counter()
+    layer(x)
+    return time.perf_counter() - start
+
+
+def linear_on_path(shape: LinearShape, path: str):
+    """A Linear of `shape` with random weights, laid out for `path`."""
+    from specscale.model.transformer import Linear  # the layer is the thing measured; it imports this module
+
+    with torch.device("meta"):
+        linear = Linear(shape.in_features, shape.out_features, bias=shape.bias, dtype=getattr(torch, shape.dtype))
+    linear = linear.to_empty(device="cpu")
+    with torch.no_grad():
+        linear.weight.normal_(0.0, 0.02)
+        if shape.bias:
+            linear.bias.normal_(0.0, 0.02)
+    linear.prepack(path)
+    return linear
+
+
+@torch.inference_mode()
+def time_attention(shape: AttentionShape, kind: str) -> dict[str, float]:
+    """Seconds of one decode (DECODE_ROWS rows) or prefill (PREFILL_ROWS x NEW_TOKENS) attention call on
+    CONTEXT_TOKENS-token contexts, per path: the fastest of interleaved rounds, as time_paths."""
+    calls = decode_calls(shape) if kind == "decode" else prefill_calls(shape)
+    times: dict[str, list[float]] = {path: [] for path in calls}
+    start = time.perf_counter()
+    for round_ in range(MAX_ROUNDS + 1):
+        for path, call in calls.items():
+            evict_caches()
+            began = time.perf_counter()
+            call()
+            times[path].append(time.perf_counter() - began)
+        if round_ >= MIN_ROUNDS and time.perf_counter() - start > BUCKET_BUDGET_S:
+            break
+    return {path: min(taken[1:]) for path, taken in times.items()}
+
+
+def random_caches(shape: AttentionShape, rows: int, tokens: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """K and V caches of `rows` sequences of `tokens` tokens each, and their block tables [rows, blocks] int32."""
+    blocks = tokens // BLOCK_TOKENS
+    dtype = getattr(torch, shape.dtype)
+    caches = [torch.randn(rows * blocks, BLOCK_TOKENS, shape.kv_heads, shape.head_dim).to(dtype) for _ in range(2)]
+    return caches, torch.arange(rows * blocks, dtype=torch.int32).view(rows, blocks)
+
+
+def decode_calls(shape: AttentionShape) -> dict[str, Callable[[], torch.Tensor]]:
+    from specscale.model.attention import decode_attention  # the thing measured
+
+    (key_cache, value_cache), tables = random_caches(shape, DECODE_ROWS, CONTEXT_TOKENS)
+    q = torch.randn(DECODE_ROWS, shape.heads, shape.head_dim).to(getattr(torch, shape.dtype))  # [B, H, D]
+    lens = torch.full((DECODE_ROWS,), CONTEXT_TOKENS, dtype=torch.int32)
+    scale = shape.head_dim**-0.5
+    return {"cpp": lambda: decode_attention(q, key_cache, value_cache, tables, lens, scale, True),
+            "torch": lambda: decode_attention(q, key_cache, value_cache, tables.long(), lens.long(), scale, False)}
+
+
+def prefill_calls(shape: AttentionShape) -> dict[str, Callable[[], torch.Tensor]]:
+    from specscale.model.attention import AttentionMetadata, padded_prefill_metadata, prefill_attention
+
+    (key_cache, value_cache), tables = random_caches(shape, PREFILL_ROWS, CONTEXT_TOKENS + NEW_TOKENS)
+    q = torch.randn(PREFILL_ROWS * NEW_TOKENS, shape.heads, shape.head_dim).to(getattr(torch, shape.dtype))
+    starts, counts = torch.full((PREFILL_ROWS,), CONTEXT_TOKENS), torch.full((PREFILL_ROWS,), NEW_TOKENS)
+    common = {"slot_mapping": starts, "num_decode_tokens": 0, "decode_block_tables": None, "decode_context_lens": None}
+    kernel = AttentionMetadata(**common, prefill_block_tables=tables, prefill_mask=None, prefill_query_index=None,
+                               prefill_query_len=0, prefill_starts=starts, prefill_counts=counts,
+                               use_cpu_kernels=True, use_prefill_kernel=True)
+    padded = AttentionMetadata(**common, **padded_prefill_metadata(tables.long(), starts, counts, BLOCK_TOKENS))
+    scale = shape.head_dim**-0.5
+    return {"cpp": lambda: prefill_attention(q, key_cache, value_cache, kernel, scale),
+            "torch": lambda: prefill_attention(q, key_cache, value_cache, padded, scale)}

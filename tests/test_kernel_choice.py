@@ -1,0 +1,214 @@
+"""The per-machine kernel choice (model/kernel_choice.py): the fastest measured path, cached, forceable,
+the same logits on every path, a tied embedding held once, and a working dispatch on an AVX2-only CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from specscale.config import EngineConfig
+from specscale.engine.engine import Engine
+from specscale.model import cpu_kernels
+from specscale.model.kernel_choice import KernelChoice, LinearShape, bucket_winners, fastest_path
+from specscale.model.loader import load_model
+from specscale.model.machine import MachineFingerprint
+from specscale.model.transformer import Linear
+
+MACHINE = MachineFingerprint(cpu="Test CPU", isa_flags=("avx2", "avx512_bf16"), threads=2, torch_version="t")
+ALL = ("ours", "onednn", "torch")
+SHAPES = [LinearShape(1152, 896, "bfloat16", True), LinearShape(9728, 896, "bfloat16", False),
+          LinearShape(896, 4864, "bfloat16", False)]
+BUCKETS = (1, 32, 512)
+
+
+class TableTimer:
+    """Measured times from a table (shape key -> path -> rows -> seconds); counts the cells it measured."""
+
+    def __init__(self, table: dict[str, dict[str, dict[int, float]]]):
+        self.table, self.calls = table, 0
+
+    def __call__(self, shape: LinearShape, paths, buckets) -> dict[str, dict[int, float]]:
+        self.calls += len(paths) * len(buckets)
+        return {path: {rows: self.table[shape.key][path][rows] for rows in buckets} for path in paths}
+
+
+def refuse(shape, paths, buckets):
+    raise AssertionError("a cached machine must not measure again")
+
+
+TABLE = {
+    SHAPES[0].key: {"ours": {1: 3.0, 32: 3.0, 512: 30.0}, "onednn": {1: 1.0, 32: 2.0, 512: 10.0},
+                    "torch": {1: 9.0, 32: 9.0, 512: 90.0}},  # oneDNN everywhere (an AMX machine)
+    SHAPES[1].key: {"ours": {1: 1.0, 32: 1.0, 512: 12.0}, "onednn": {1: 2.0, 32: 1.5, 512: 10.0},
+                    "torch": {1: 5.0, 32: 5.0, 512: 50.0}},  # ours at decode sizes, oneDNN at 512 rows
+    SHAPES[2].key: {"ours": {1: 4.0, 32: 4.0, 512: 40.0}, "onednn": {1: 4.0, 32: 4.0, 512: 40.0},
+                    "torch": {1: 1.0, 32: 1.0, 512: 10.0}},  # F.linear
+}
+
+
+def expected_path(times: dict[str, dict[int, float]]) -> str:
+    """The argmin of the geometric mean of each path's time over each bucket's fastest, spelled out."""
+    best = {rows: min(t[rows] for t in times.values()) for rows in BUCKETS}
+    score = {path: math.prod(t[rows] / best[rows] for rows in BUCKETS) for path, t in times.items()}
+    return min(ALL, key=lambda path: score.get(path, math.inf))
+
+
+def test_the_choice_is_the_fastest_measured_and_a_second_start_measures_nothing(tmp_path):
+    timer = TableTimer(TABLE)
+    first = KernelChoice("auto", MACHINE, tmp_path, timer)
+    chosen = [first.linear_path(shape, ALL, BUCKETS) for shape in SHAPES]
+    assert chosen == [expected_path(TABLE[shape.key]) for shape in SHAPES] == ["onednn", "ours", "torch"]
+    assert first.winners[SHAPES[1].key] == {1: "ours", 32: "ours", 512: "onednn"}  # reported per bucket
+    assert timer.calls == first.timings_taken == len(SHAPES) * len(ALL) * len(BUCKETS)
+    second = KernelChoice("auto", MACHINE, tmp_path, refuse)  # the same machine: the cache answers
+    assert [second.linear_path(shape, ALL, BUCKETS) for shape in SHAPES] == chosen
+    assert second.timings_taken == 0 and "cache hit" in second.describe()
+    other = TableTimer(TABLE)  # another fingerprint (more threads): measured afresh, in its own file
+    KernelChoice("auto", replace(MACHINE, threads=4), tmp_path, other).linear_path(SHAPES[0], ALL, BUCKETS)
+    assert other.calls == len(ALL) * len(BUCKETS) and len(list(tmp_path.glob("kernel-choice-*.json"))) == 2
+
+
+def test_only_the_paths_that_can_run_a_weight_compete(tmp_path):
+    choice = KernelChoice("auto", MACHINE, tmp_path, TableTimer(TABLE))
+    assert choice.linear_path(SHAPES[0], ("ours", "torch"), BUCKETS, tied=True) == "ours"  # oneDNN cannot serve
+    assert choice.linear_path(SHAPES[1], ("torch",), BUCKETS) == "torch" and choice.timings_taken == 6
+
+
+def test_a_forced_path_is_taken_where_it_runs_and_falls_back_in_order(tmp_path):
+    for mode, candidates, path in [("onednn", ALL, "onednn"), ("ours", ("onednn", "torch"), "onednn"),
+                                   ("ours", ("torch",), "torch"), ("torch", ALL, "torch")]:
+        assert KernelChoice(mode, MACHINE, tmp_path, refuse).linear_path(SHAPES[0], candidates, BUCKETS) == path
+
+
+def test_fastest_path_and_bucket_winners_break_ties_in_path_order():
+    times = {"torch": {8: 1.0}, "onednn": {8: 1.0}}
+    assert fastest_path(times) == "onednn" and bucket_winners(times) == {8: "onednn"}
+
+
+def test_the_real_timer_measures_every_path_it_offers():
+    """The default timer runs each path of a small weight and returns positive seconds for every cell."""
+    from specscale.model.kernel_choice import time_paths
+
+    layer = Linear(64, 96, bias=True).bfloat16()
+    times = time_paths(layer.shape, layer.paths(), (1, 8))
+    assert set(times) == set(layer.paths()) and all(0 < t < 1.0 for by_rows in times.values() for t in by_rows.values())
+
+
+def engine_logits(path, dtype: str, kernels, prompts) -> list[torch.Tensor]:
+    """Head outputs at every prompt position (prefill), then 6 greedy decode steps' logits per prompt."""
+    engine = Engine(EngineConfig(model=str(path), dtype=dtype, num_kv_blocks=64, block_size=4, kernels=kernels))
+    recorded: dict[int, list[torch.Tensor]] = {}
+    original = engine._sample_and_append
+
+    def capture(seqs, logits):
+        for seq, row in zip(seqs, logits):
+            recorded.setdefault(seq.seq_id, []).append(row.float().clone())
+        return original(seqs, logits)
+
+    engine._sample_and_append = capture
+    from specscale.engine.sequence import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
+    ids = [engine.add(p, params) for p in prompts]
+    while engine.has_work():
+        engine.step()
+    assert engine.block_manager.num_used_blocks == 0
+    return [torch.stack(recorded[i]) for i in ids]
+
+
+PROMPTS = [[5, 17, 3, 99, 41, 7, 250], [8], list(range(20, 60))]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_every_path_gives_the_same_logits(qwen2_dir, dtype):
+    """Forced ours / onednn / torch and auto agree within bf16 rounding (fp32: to 1e-4)."""
+    reference = engine_logits(qwen2_dir, "float32", "torch", PROMPTS)
+    for kernels in ("torch", "onednn", "ours", "auto"):
+        for ours, exact in zip(engine_logits(qwen2_dir, dtype, kernels, PROMPTS), reference):
+            scale = exact.abs().max().item()
+            tolerance = 1e-4 * scale if dtype == "float32" else 2.0 ** -6 * scale
+            assert (ours - exact).abs().max().item() <= tolerance, (kernels, dtype)
+
+
+@pytest.mark.parametrize("kernels", ["ours", "torch", "onednn", "auto"])
+def test_a_tied_embedding_is_held_once_and_looked_up_exactly(qwen2_dir, kernels):
+    plain = load_model(qwen2_dir, dtype="bfloat16", kernels="torch")
+    model = load_model(qwen2_dir, dtype="bfloat16", kernels=kernels)
+    head = model.lm_head
+    assert head.path in ("ours", "torch") and (head.weight is None) == (head.path == "ours")
+    assert not any(isinstance(m, torch.nn.Embedding) for m in model.modules())  # the table is the head's
+    ids = torch.arange(model.args.vocab_size)
+    assert torch.equal(model.model.embed_tokens(ids), plain.model.embed_tokens(ids))  # every row, bit for bit
+
+
+def test_health_names_the_machine_and_the_paths(qwen2_dir):
+    engine = Engine(EngineConfig(model=str(qwen2_dir), dtype="bfloat16", num_kv_blocks=16, kernels="torch"))
+    report = engine.kernels()
+    assert report["mode"] == "torch" and set(report["linear_paths"]) == {"torch"}
+    assert MachineFingerprint.current().cpu in report["machine"] and "ISA" in report["machine"]
+    assert report["attention"] in ("cpp", "torch")
+
+
+AVX2_SCRIPT = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+from test_kernel_choice import engine_logits, PROMPTS
+from specscale.model import cpu_kernels
+out = {{}}
+for dtype in ("bfloat16", "float32"):
+    out[dtype] = [l.tolist() for l in engine_logits({model!r}, dtype, "auto", PROMPTS)]
+from specscale.config import EngineConfig
+from specscale.engine.engine import Engine
+engine = Engine(EngineConfig(model={model!r}, dtype="bfloat16", num_kv_blocks=16))
+out["kernels"] = engine.kernels()
+out["bf16_linear"] = cpu_kernels.has_bf16_linear()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the torch path is used")
+def test_an_avx2_only_cpu_gets_a_working_path(qwen2_dir):
+    """SPECSCALE_CPU_ISA=avx2 (+ oneDNN capped at AVX2): no AVX-512 kernels, no oneDNN bf16; same logits."""
+    env = dict(os.environ, SPECSCALE_CPU_ISA="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
+    script = AVX2_SCRIPT.format(tests=str(Path(__file__).parent), model=str(qwen2_dir))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not out["bf16_linear"] and "forced to avx2" in out["kernels"]["machine"]
+    assert "avx512f" not in out["kernels"]["machine"] and out["kernels"]["prefill_attention"] == "torch"
+    assert set(out["kernels"]["linear_paths"]) == {"torch"}  # bf16 without AVX-512: F.linear
+    for dtype in ("bfloat16", "float32"):
+        native = engine_logits(qwen2_dir, dtype, "auto", PROMPTS)
+        for theirs, ours in zip(out[dtype], native):
+            theirs = torch.tensor(theirs)
+            scale = ours.abs().max().item()
+            assert (theirs - ours).abs().max().item() <= (1e-4 if dtype == "float32" else 2.0 ** -6) * scale
+
+
+def test_attention_takes_the_faster_measured_path_and_caches_it(tmp_path):
+    from specscale.model.kernel_choice import AttentionShape
+
+    shape = AttentionShape(14, 2, 64, "bfloat16")
+    timings = {"decode": {"cpp": 1.0, "torch": 3.0}, "prefill": {"cpp": 2.0, "torch": 1.5}}
+    choice = KernelChoice("auto", MACHINE, tmp_path, refuse, lambda s, kind: timings[kind])
+    assert choice.attention_path(shape, "decode") == "cpp" and choice.attention_path(shape, "prefill") == "torch"
+    again = KernelChoice("auto", MACHINE, tmp_path, refuse, lambda s, kind: pytest.fail("cached"))
+    assert again.attention_path(shape, "prefill") == "torch" and again.timings_taken == 0
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the torch path is used")
+def test_the_real_attention_timer_runs_both_paths():
+    from specscale.model.kernel_choice import AttentionShape, time_attention
+
+    shape = AttentionShape(4, 2, 64, "float32")
+    for kind in ("decode", "prefill"):
+        times = time_attention(shape, kind)
+        assert set(times) == {"cpp", "torch"} and all(0 < t < 1 for t in times.values())
