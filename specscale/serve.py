@@ -55,6 +55,9 @@ def add_serve(sub) -> None:
                    help="seconds a client may take to send a request's body after its headers (then 408)")
     p.add_argument("--max-connections", type=int, default=limits.max_connections,
                    help="open connections; one more gets 503 and is closed")
+    p.add_argument("--drain-timeout", type=float, default=None,
+                   help="on SIGTERM / Ctrl-C, seconds to let accepted searches finish while new ones get 503 "
+                        "(default: --request-timeout + 5)")
     p.add_argument("--system-prompt", default=defaults.system_prompt,
                    help="put first in chats without a system message")
     p.add_argument("--generator-kv-gb", type=float, default=defaults.generator_kv_gb)
@@ -93,15 +96,18 @@ def run_serve(args) -> int:
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     print(f"SpecScale serving {_served_name(args)} at http://{_url_host(host)}:{port}", flush=True)
-    import uvicorn
-
     from specscale.server.connection import uvicorn_config
+    from specscale.server.draining_server import DrainingServer
 
-    config = uvicorn_config(app, app.state.settings, app.state.metrics, log_level=args.log_level,
-                            access_log=args.access_log,
+    settings, engine_loop = app.state.settings, app.state.engine_loop
+    config = uvicorn_config(app, settings, app.state.metrics, log_level=args.log_level, access_log=args.access_log,
                             timeout_graceful_shutdown=5)
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
-        uvicorn.Server(config).run(sockets=[sock])
+    server = DrainingServer(config, engine_loop, settings.drain_s)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C before uvicorn took over the signals
+        server.run(sockets=[sock])
+    if server.drained_in_time is not None and engine_loop.left_at_stop is not None:
+        print(f"SpecScale drained ({'every search finished' if server.drained_in_time else 'drain timeout'}): "
+              f"{engine_loop.left_at_stop.describe()}", flush=True)
     print("SpecScale stopped", flush=True)
     return 0
 
@@ -131,6 +137,7 @@ def server_settings(args) -> ServerSettings:
         max_beam_size=args.max_beam_size, request_timeout_s=args.request_timeout, max_body_bytes=args.max_body_bytes,
         api_key=args.api_key, protect_metrics=args.protect_metrics, trust_special_tokens=args.trust_special_tokens,
         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, max_connections=args.max_connections,
+        drain_timeout_s=args.drain_timeout,
     )
 
 

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from specscale.search.presets import PRESETS
 from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RequestHandle, RoundProgress
 from specscale.server.errors import CLIENT_CLOSED, APIError, install_error_handlers
-from specscale.server.metrics import ServerMetrics
+from specscale.server.metrics import RequestOutcome, ServerMetrics
 from specscale.server.middleware import ApiKeyGuard, ErrorGuard, StatusCounter
 from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
 from specscale.server.request_body import read_json, validate
@@ -53,6 +53,7 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
     install_middleware(app, metrics, settings)
     app.state.settings = settings  # what `specscale serve` configures uvicorn's connection limits from
     app.state.metrics = metrics  # where the connection layer counts the responses it answers itself
+    app.state.engine_loop = engine_loop  # what `specscale serve` drains on SIGTERM
     started = int(time.time())
 
     api = APIRouter(prefix="/v1")
@@ -75,7 +76,7 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         body = health_report(engine_loop)
-        return JSONResponse(body, status_code=200 if body["error"] is None else 503)
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/metrics")
     async def prometheus():
@@ -95,8 +96,10 @@ def model_card(settings: ServerSettings, context_tokens: int, created: int) -> d
 
 
 def health_report(engine_loop: EngineLoop) -> dict:
+    """status: "ok", "draining" (shutting down: finishing its searches, refusing new ones) or "failed"."""
     snapshot = engine_loop.snapshot
-    return {"status": "ok" if snapshot.failure is None else "failed", "error": snapshot.failure,
+    status = "failed" if snapshot.failure is not None else "draining" if engine_loop.draining else "ok"
+    return {"status": status, "error": snapshot.failure,
             "requests_running": snapshot.running, "requests_waiting": engine_loop.waiting(),
             "kv_blocks_used": snapshot.kv_blocks_used, "kv_blocks_total": snapshot.kv_blocks_total,
             "prm_kv_blocks_used": snapshot.prm_kv_blocks_used, "live_sequences": snapshot.live_sequences,
@@ -128,14 +131,29 @@ class SearchRoutes:
         self.settings = settings
 
     async def serve(self, request: Request, model: type[BaseModel], prepare, output: CompletionFormat):
+        """The response, with the request's outcome counted once it is known (`RequestOutcome`)."""
+        route = request.url.path
+        try:
+            return await self._serve(request, model, prepare, output, route)
+        except APIError as error:
+            self.metrics.request_outcome(RequestOutcome.of_error(route, error.status, error.code))
+            raise
+        except Exception:  # ErrorGuard answers it with a 500
+            self.metrics.request_outcome(RequestOutcome(route, "failed", 500, "internal_error"))
+            raise
+
+    async def _serve(self, request: Request, model: type[BaseModel], prepare, output: CompletionFormat, route: str):
         started = time.monotonic()
         body = validate(model, await read_json(request, self.settings.max_body_bytes))
         prepared, handle = await self.submit(body, prepare, uuid.uuid4().hex)
         session = SearchSession(self.engine_loop, handle, request.receive, prepared.timeout_s)
         if prepared.stream:
-            events = self.stream(session, prepared, output, started)
-            return SessionStreamingResponse(session, events)
-        return JSONResponse(await self.answer(session, prepared, output, started))
+            ending = StreamEnding(route)
+            events = self.stream(session, prepared, output, started, ending)
+            return SessionStreamingResponse(session, events, ending, self.metrics)
+        answer = await self.answer(session, prepared, output, started)
+        self.metrics.request_outcome(RequestOutcome(route, "completed", 200))
+        return JSONResponse(answer)
 
     async def submit(self, body: BaseModel, prepare, request_id: str) -> tuple[PreparedSearch, RequestHandle]:
         """A validated body → its search on the engine thread, or an APIError (4xx, 429, 503)."""
@@ -162,13 +180,16 @@ class SearchRoutes:
         return output.response(prepared, last.result)
 
     async def stream(self, session: SearchSession, prepared: PreparedSearch, output: CompletionFormat,
-                     started: float):
+                     started: float, ending: StreamEnding | None = None):
+        """The SSE chunks; `ending` learns how the search ended (an error event, or its result)."""
         yield output.opening_chunk(prepared)
         async for event in session.events():
             if isinstance(event, RoundProgress):
                 yield output.progress_chunk(prepared, event)
                 continue
             problem = outcome_problem(event, session.timeout_s)
+            if ending is not None:
+                ending.settle(problem)
             if problem is not None:
                 yield sse(problem.body())
             else:
@@ -183,26 +204,47 @@ class SearchRoutes:
         self.metrics.returned_tokens(sum(p.num_tokens for p in paths))
 
 
+class StreamEnding:
+    """How a stream's search ended, once it has: its result (completed) or an error event (a 504 or 503
+    inside the stream). A stream that ends before either (its client went away) was cancelled."""
+
+    def __init__(self, route: str):
+        self.route = route
+        self.outcome: RequestOutcome | None = None
+
+    def settle(self, problem: APIError | None) -> None:
+        if problem is None:
+            self.outcome = RequestOutcome(self.route, "completed", 200)
+        else:
+            self.outcome = RequestOutcome.of_error(self.route, problem.status, problem.code)
+
+    def final(self) -> RequestOutcome:
+        return self.outcome or RequestOutcome(self.route, "cancelled", CLIENT_CLOSED, "client_closed")
+
+
 class SessionStreamingResponse(StreamingResponse):
     """An SSE response that closes its search session however the response ends (sent, failed, or
-    abandoned by a client that went away), so an unfinished search is always cancelled."""
+    abandoned by a client that went away), so an unfinished search is always cancelled, and counts how
+    the request ended."""
 
-    def __init__(self, session: SearchSession, events):
+    def __init__(self, session: SearchSession, events, ending: StreamEnding, metrics: ServerMetrics):
         super().__init__(events, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.session = session
+        self.ending = ending
+        self.metrics = metrics
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self.session.close()
+            self.metrics.request_outcome(self.ending.final())
 
 
 def refused(refusal: Refusal) -> APIError:
     headers = {"Retry-After": str(refusal.retry_after_s)} if refusal.retry_after_s is not None else {}
-    code = "queue_full" if refusal.status == 429 else "engine_unavailable"
-    return APIError(refusal.status, refusal.message, code=code, headers=headers)
+    return APIError(refusal.status, refusal.message, code=refusal.code, headers=headers)
 
 
 def outcome_problem(event: Outcome | Interrupted, timeout_s: float) -> APIError | None:

@@ -12,6 +12,10 @@ simply await them; the runtime keeps no finished history. It uses only the runti
 Overload control: a submit is refused (`Refusal`, HTTP 429) once the searches accepted but not yet
 admitted by the runtime reach `max_waiting` beyond the runtime's free slots, so the queue is bounded.
 If the runtime raises, the loop fails every open request, refuses new ones (503) and stops.
+
+Draining (`drain`, on SIGTERM): new searches are refused with 503 + Retry-After while those already
+accepted run to their end (or their time budget); `idle` says when none is left, so the process can exit
+with no KV or PRM work left behind (docs/architecture.md, "Serving over HTTP").
 """
 
 from __future__ import annotations
@@ -53,10 +57,12 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A submit that was not accepted: status 429 (queue full, retry later) or 503 (engine down)."""
+    """A submit that was not accepted: status 429 (queue full, retry later) or 503 (engine down, or the
+    server draining: retry on another server); code: the error code the client sees."""
 
     status: int
     message: str
+    code: str
     retry_after_s: int | None = None
 
 
@@ -73,6 +79,22 @@ class EngineSnapshot:
     prm_kv_blocks_total: int = 0
     live_sequences: int = 0
     failure: str | None = None
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What the engine thread left when it stopped: searches it had to cancel, whether the runtime still
+    had work (a search to admit, generator work, queued PRM scoring) and its last snapshot."""
+
+    cancelled: int
+    work_left: bool
+    snapshot: EngineSnapshot
+
+    def describe(self) -> str:
+        s = self.snapshot
+        return (f"{self.cancelled} searches cancelled at exit, {s.running} running, {s.kv_blocks_used} generator KV "
+                f"blocks in use, {s.live_sequences} live sequences, runtime work left: {'yes' if self.work_left else 'no'}"
+                f" ({s.prm_kv_blocks_used} PRM KV blocks hold cached step prefixes)")
 
 
 class RequestHandle:
@@ -128,9 +150,11 @@ class EngineLoop:
         self._runtime_waiting = 0
         self._free_slots = stats.free_slots
         self._stopping = False
+        self._draining = False
         self._handles: dict[str, RequestHandle] = {}  # engine thread only
         self._ticks = 0
         self._finished_generated_tokens = 0
+        self.left_at_stop: StopReport | None = None  # what the thread left behind when it ended (set once)
         self.snapshot = EngineSnapshot(kv_blocks_total=stats.generator_kv.total_blocks,
                                        prm_kv_blocks_total=stats.verifier_kv.total_blocks)
         self._thread = threading.Thread(target=self._run, name="specscale-engine", daemon=True)
@@ -146,6 +170,20 @@ class EngineLoop:
             self._condition.notify()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+
+    def drain(self) -> None:
+        """Refuse new searches (503 + Retry-After); the accepted ones run on."""
+        with self._condition:
+            self._draining = True
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def idle(self) -> bool:
+        """No search accepted and unfinished: none in the inbox, waiting or running (as of the latest tick)."""
+        with self._condition:
+            return self._queued() == 0 and self.snapshot.running == 0 and not self._inbox.commands
 
     @property
     def failure(self) -> str | None:
@@ -171,10 +209,15 @@ class EngineLoop:
 
     def _refusal(self) -> Refusal | None:
         if self._stopping or self.snapshot.failure is not None:
-            return Refusal(503, f"the engine is not serving: {self.snapshot.failure or 'shutting down'}")
+            return Refusal(503, f"the engine is not serving: {self.snapshot.failure or 'shutting down'}",
+                           "engine_unavailable")
+        if self._draining:
+            return Refusal(503, "the server is shutting down and finishing the searches it has; retry on another "
+                           "server", "draining", retry_after_s=self.retry_after_s)
         if self._queued() - self._free_slots >= self.max_waiting:  # one more would wait beyond the bound
             return Refusal(429, f"the server is at capacity ({self._waiting()} searches waiting for one of "
-                           f"{self.runtime.max_concurrency} slots); retry later", retry_after_s=self.retry_after_s)
+                           f"{self.runtime.max_concurrency} slots); retry later", "queue_full",
+                           retry_after_s=self.retry_after_s)
         return None
 
     def cancel(self, request_id: str, reason: str) -> None:
@@ -204,8 +247,9 @@ class EngineLoop:
                 if self._has_runnable_work():
                     self._tick()
                 self._publish()
-            self._cancel_everything()
+            cancelled = self._cancel_everything()
             self._publish()
+            self.left_at_stop = StopReport(cancelled, self.runtime.can_progress(), self.snapshot)
         except Exception as exc:  # the runtime's state cannot be trusted any more: fail loudly and stop
             log.exception("the engine thread failed; refusing new requests")
             self._fail(f"{type(exc).__name__}: {exc}")
@@ -286,9 +330,12 @@ class EngineLoop:
         handle.deliver(Outcome(result))
 
     # ---- shutdown and failure ----------------------------------------------------------------------------
-    def _cancel_everything(self) -> None:
-        for request_id in list(self._handles):
+    def _cancel_everything(self) -> int:
+        """Cancel every open search; how many there were."""
+        open_ids = list(self._handles)
+        for request_id in open_ids:
             self.runtime.cancel(request_id)
+        return len(open_ids)
 
     def _fail(self, reason: str) -> None:
         with self._condition:

@@ -12,12 +12,35 @@ import bisect
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
+
+from specscale.server.errors import CLIENT_CLOSED
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 BATCH_ITEM_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BATCH_TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 TICK_BUCKETS = (0, 1, 2, 4, 8)
 RATE_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True, order=True)
+class RequestOutcome:
+    """How one completion request ended: outcome "completed" (200 with its result, streamed to the end or
+    not), "cancelled" (the client went away first), "refused" (a 4xx) or "failed" (a 5xx, also as a
+    stream's error event); reason: the error code ("" when completed)."""
+
+    route: str
+    outcome: str
+    status: int
+    reason: str = ""
+
+    @classmethod
+    def of_error(cls, route: str, status: int, code: str | None) -> RequestOutcome:
+        outcome = "cancelled" if status == CLIENT_CLOSED else "refused" if status < 500 else "failed"
+        return cls(route, outcome, status, code or "")
+
+    def labels(self) -> dict[str, str]:
+        return {"route": self.route, "outcome": self.outcome, "status": str(self.status), "reason": self.reason}
 
 
 class Histogram:
@@ -81,6 +104,7 @@ class ServerMetrics:
         self.verifier_batch_tokens = Histogram(BATCH_TOKEN_BUCKETS)
         self.cancel_delay_ticks = Histogram(TICK_BUCKETS)
         self.responses: dict[tuple[str, int], int] = {}
+        self.outcomes: dict[RequestOutcome, int] = {}  # completion requests by how they ended
         self.cancelled: dict[str, int] = {}
         self.searches: dict[tuple[str, str], int] = {}  # (preset, outcome) -> count
         self.tokens = {"prompt": 0, "output": 0, "returned": 0, "generated": 0, "wasted": 0}
@@ -92,6 +116,10 @@ class ServerMetrics:
         with self.lock:
             key = (route, status)
             self.responses[key] = self.responses.get(key, 0) + 1
+
+    def request_outcome(self, outcome: RequestOutcome) -> None:
+        with self.lock:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
     def request_latency(self, preset: str, seconds: float) -> None:
         with self.lock:
@@ -162,6 +190,9 @@ class ServerMetrics:
                     [({"reason": r}, v) for r, v in sorted(self.cancelled.items())])
             counter("specscale_http_responses_total", "HTTP responses by route and status",
                     [({"route": r, "status": str(s)}, v) for (r, s), v in sorted(self.responses.items())])
+            counter("specscale_requests_total", "Completion requests by how they ended: completed, cancelled "
+                    "(the client went away), refused (4xx) or failed (5xx), with the status and the error code",
+                    [(o.labels(), v) for o, v in sorted(self.outcomes.items())])
             _histograms(out, "specscale_request_latency_seconds", "End-to-end latency of answered searches",
                         [({"preset": p}, h) for p, h in sorted(self.latency.items())])
             _histograms(out, "specscale_queue_time_seconds", "Time from submission to admission",

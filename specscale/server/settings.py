@@ -17,7 +17,10 @@ class ServerSettings:
     probes). trust_special_tokens: special-token text inside message contents is read as control tokens
     (lets a caller forge chat turns; for trusted callers only). header_timeout_s / body_timeout_s: the
     longest a client may take to send a request's headers / its body before it gets 408 and the
-    connection closes. max_connections: open connections beyond it get 503 and are closed."""
+    connection closes. max_connections: open connections beyond it get 503 and are closed.
+    drain_timeout_s: on SIGTERM, how long the server waits for the searches it has accepted to finish
+    (refusing new ones with 503) before it exits; None: request_timeout_s plus 5 s, so that every
+    search ends by its own budget."""
 
     served_model_name: str = "specscale"
     default_preset: str = "specscale"
@@ -32,6 +35,11 @@ class ServerSettings:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections: int = 1024
+    drain_timeout_s: float | None = None
+
+    @property
+    def drain_s(self) -> float:
+        return self.request_timeout_s + 5.0 if self.drain_timeout_s is None else self.drain_timeout_s
 
     def __post_init__(self) -> None:
         if self.max_waiting < 0:
@@ -48,5 +56,7 @@ class ServerSettings:
             raise ValueError("protect_metrics needs an api_key")
         if min(self.header_timeout_s, self.body_timeout_s) <= 0:
             raise ValueError("header_timeout_s and body_timeout_s must be positive")
+        if self.drain_timeout_s is not None and self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
