@@ -1,4 +1,3 @@
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -14,14 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(2)
 
 from checkpoints import build_checkpoint  # noqa: E402
+# every engine the tests build, at any fixture scope, is checked for leaked KV blocks after each test and
+# runs on SPECSCALE_TEST_DEVICE (default: the CPU): tests/kv_leak_guard.py
+from kv_leak_guard import TEST_DEVICE, no_leaked_blocks  # noqa: E402, F401
 from search_backends import scripted_backend, simulated_backend, toy_backend  # noqa: E402
-
-from specscale.engine.engine import Engine  # noqa: E402
-from specscale.engine.sequence import SequenceStatus  # noqa: E402
-
-
-# SPECSCALE_TEST_DEVICE=cuda runs every engine the tests build on that device (the default is the CPU).
-TEST_DEVICE = os.environ.get("SPECSCALE_TEST_DEVICE")
 
 
 @pytest.fixture(scope="session")
@@ -62,25 +57,3 @@ def search_backend(request):
         f"{request.param}_search_backend")
     yield backend
     backend.release()
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_blocks(monkeypatch):
-    """Every engine a test creates must end with no sequence holding KV blocks, except a PRM
-    verifier's cached prefixes (paused prefill-only sequences that `Verifier.clear()` releases)."""
-    created: list[Engine] = []
-    original = Engine.__init__
-
-    def tracking_init(self, config, **kwargs):
-        if TEST_DEVICE and kwargs.get("runner") is None:  # a simulated runner lives on the CPU
-            config = dataclasses.replace(config, device=TEST_DEVICE)
-        original(self, config, **kwargs)
-        created.append(self)
-
-    monkeypatch.setattr(Engine, "__init__", tracking_init)
-    yield
-    for engine in created:
-        engine.block_manager.check_invariants(engine.scheduler.sequences.values())
-        leaked = [s for s in engine.scheduler.sequences.values()
-                  if s.block_table and not (s.is_readout and s.status == SequenceStatus.PAUSED)]
-        assert not leaked, f"{len(leaked)} sequences still hold KV blocks after the test"

@@ -1,5 +1,5 @@
 """The parts of disaggregated `specscale serve --ray --verifier-replicas V` that need no Ray instance: a
-generator replica's `RemoteVerifier` (its retry once after a lost PRM replica, its bounded wait, its
+generator replica's `RemoteVerifier` (its re-sends after a lost PRM replica, its bounded wait, its
 local estimate of the PRM tokens lazy verification counts, checked against a real verifier's), the PRM
 replica's batch counters, the config and the flags."""
 
@@ -69,24 +69,25 @@ def _reply(call: ScoreCall) -> ScoreReply:
     return ScoreReply(results, KVUsage(3, 10), merged_callers=2)
 
 
-def _remote(prm_dir, outcomes: list) -> tuple[RemoteVerifier, ScriptedVerifiers]:
+def _remote(prm_dir, outcomes: list, timeout_s: float = 5.0) -> tuple[RemoteVerifier, ScriptedVerifiers]:
     handle = ScriptedVerifiers(outcomes)
-    return RemoteVerifier(handle, PipelineConfig(prm=str(prm_dir)), "generator-a", timeout_s=5.0), handle
+    return RemoteVerifier(handle, PipelineConfig(prm=str(prm_dir)), "generator-a", timeout_s=timeout_s), handle
 
 
-def test_a_scoring_call_whose_prm_replica_died_is_sent_again_once(prm_dir):
-    remote, handle = _remote(prm_dir, [ActorDiedError(), _reply])
+def test_a_scoring_call_whose_prm_replica_died_is_sent_again_until_one_answers(prm_dir):
+    """Serve's router may send the re-sent call to the dead replica again before it learns of the death."""
+    remote, handle = _remote(prm_dir, [ActorDiedError(), ActorDiedError(), ActorDiedError(), _reply])
     requests = [ScoreRequest(QUESTION, ("Step 1: 12 + 7 = 19.\n\n",)), ScoreRequest(QUESTION, ("Step 1: 5.\n\n",))]
     results = remote.score(requests)
     assert [r.step_scores for r in results] == [(0.5,), (0.5,)]
-    assert len(handle.calls) == 2 and handle.calls[1] == ScoreCall("generator-a", tuple(requests))
-    assert remote.retries == 1 and "specscale_prm_call_retries_total 1" in remote.render_metrics()
+    assert len(handle.calls) == 4 and handle.calls[3] == ScoreCall("generator-a", tuple(requests))
+    assert remote.retries == 3 and "specscale_prm_call_retries_total 3" in remote.render_metrics()
     assert remote.prm_kv_seen == KVUsage(3, 10) and remote.kv_usage == KVUsage(0, 0)  # reported by the PRM replicas
 
 
-def test_a_second_loss_or_a_timeout_raises_prm_unavailable_instead_of_waiting(prm_dir):
-    remote, handle = _remote(prm_dir, [ActorDiedError(), ActorDiedError()])
-    with pytest.raises(PRMUnavailable, match="failed a scoring call 2 times"):
+def test_losses_past_the_deadline_or_a_timeout_raise_prm_unavailable_instead_of_waiting(prm_dir):
+    remote, handle = _remote(prm_dir, [ActorDiedError()] * 20, timeout_s=0.5)  # re-sent after 0.2 s, 0.4 s: 2 s
+    with pytest.raises(PRMUnavailable, match="lost a scoring call 2 times in 0.5 s"):
         remote.score([ScoreRequest(QUESTION, ("Step 1.\n\n",))])
     assert len(handle.calls) == 2
 

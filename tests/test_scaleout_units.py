@@ -16,10 +16,11 @@ from specscale.scaleout.cluster_counters import ClusterCounters
 from specscale.scaleout.command import scale_out_config
 from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.exposition import only_families, sum_expositions
-from specscale.scaleout.forwarding import ForwardedSearch
+from specscale.scaleout.forwarding import RETRIES, ForwardedSearch
 from specscale.scaleout.messages import Answered, Rejected, StreamOpened
 from specscale.serve import pipeline_config, server_settings
 from specscale.server.engine_loop import EngineSnapshot
+from specscale.server.errors import APIError
 from specscale.server.metrics import ServerMetrics
 from specscale.server.protocol import ChatCompletionRequest
 from specscale.server.settings import ServerSettings
@@ -164,21 +165,29 @@ def test_an_unseeded_stream_that_sent_progress_ends_with_a_503_event_and_a_secon
     assert received[:2] == ["open", "round 0"] and received[-1] == "data: [DONE]\n\n"
     assert '"code": "replica_failed"' in received[2] and counters.retries == {"not_retried": 1}
 
-    twice = [ScriptedCall([StreamOpened("a"), "open"], ActorDiedError()),
-             ScriptedCall([StreamOpened("b"), "open", "round 0"], ActorDiedError())]
-    search, replicas, counters = _forwarded(twice)
+    dying = [ScriptedCall([StreamOpened("a"), "open"], ActorDiedError())]
+    dying += [ScriptedCall([StreamOpened("b"), "open", "round 0"], ActorDiedError()) for _ in range(RETRIES)]
+    search, replicas, counters = _forwarded(dying)
     _, received = _run(_collect(search))
     assert received[:2] == ["open", "round 0"] and '"code": "replica_failed"' in received[2]
-    assert replicas.sent == 2 and counters.retries == {"retried": 1, "not_retried": 1}
+    assert replicas.sent == RETRIES + 1 and counters.retries == {"retried": RETRIES, "not_retried": 1}
 
 
-def test_a_whole_answer_is_retried_once_then_answered_503_and_backpressure_is_a_429():
-    search, replicas, _ = _forwarded([ScriptedCall([], ActorDiedError()), ScriptedCall([Answered({"id": 1}, "b")])])
-    assert _run(search.open()) == Answered({"id": 1}, "b") and replicas.sent == 2
+def test_a_whole_answer_is_re_run_up_to_its_retries_then_answered_503_and_backpressure_is_a_429():
+    engine_failed = Rejected.of(APIError(503, "the engine failed: PRMUnavailable", code="engine_failed"))
+    failures = [ScriptedCall([], ActorDiedError()), ScriptedCall([engine_failed]), ScriptedCall([], ActorDiedError())]
+    search, replicas, _ = _forwarded([*failures, ScriptedCall([Answered({"id": 1}, "b")])])
+    assert _run(search.open()) == Answered({"id": 1}, "b") and replicas.sent == RETRIES + 1 == 4
+    assert search.retries == RETRIES
 
-    search, _, _ = _forwarded([ScriptedCall([], ActorDiedError()), ScriptedCall([], ActorDiedError())])
+    search, _, counters = _forwarded([ScriptedCall([], ActorDiedError()) for _ in range(RETRIES + 1)])
     lost = _run(search.open())
     assert isinstance(lost, Rejected) and lost.status == 503 and lost.body["error"]["code"] == "replica_failed"
+    assert counters.retries == {"retried": RETRIES, "not_retried": 1}
+
+    refused = Rejected.of(APIError(400, "search.preset: unknown", param="search.preset"))
+    search, replicas, _ = _forwarded([ScriptedCall([refused])])
+    assert _run(search.open()) == refused and replicas.sent == 1  # a client's error is not re-run
 
     search, _, _ = _forwarded([ScriptedCall([], BackPressureError(9, 8))])
     full = _run(search.open())

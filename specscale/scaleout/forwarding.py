@@ -2,11 +2,14 @@
 streaming handle call (the replica is picked by Serve's router; docs/scale-out.md).
 
 A replica that dies under a request (its process killed, its node lost) surfaces here as a Ray actor
-error. The request is then sent again, once, to another replica: a search restarted from scratch with
-the same seed is the same search, so a retried stream skips the chunks its client already has. A stream
-that already sent progress of an unseeded search cannot be replayed and ends with a 503 error event. A
-full cluster (Serve's router queue over its bound) answers 429 + Retry-After; a request that waits for
-its first answer past its time budget, 504.
+error, and a replica whose engine thread failed (e.g. its PRM replicas unreachable) answers 503
+`engine_failed` / `engine_unavailable`. The request is then sent again from scratch, up to `RETRIES`
+times, a little later each time (Serve's router may not know of the death yet), to whichever replica
+Serve's router picks: a search restarted with the same seed is the same search, so a whole answer is
+retried transparently and a retried stream skips the chunks its client already has. A stream that
+already sent progress of an unseeded search cannot be replayed and ends with a 503 error event, as does
+one past its retries. A full cluster (Serve's router queue over its bound) answers 429 + Retry-After; a
+request that waits for its first answer past its time budget, 504.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from specscale.scaleout.messages import Answered, Rejected, StreamOpened
 from specscale.server.errors import APIError
 from specscale.server.responses import DONE, sse
 
-RETRIES = 1
+RETRIES = 3  # re-runs of one search after its replica failed
+RETRY_DELAY_S = 0.25  # before the k-th re-run: k times this
+RETRYABLE_CODES = ("engine_failed", "engine_unavailable")  # a replica's 503 when its engine thread failed
 OPENING_CHUNKS = 1  # a stream's first chunk (the assistant role) is the same for any search of the request
 FIRST_ANSWER_GRACE_S = 5.0  # the replica enforces the budget; the ingress waits this much longer
 
@@ -49,7 +54,7 @@ class ForwardedSearch:
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
         self.counters = counters
-        self.retries_left = RETRIES
+        self.retries = 0  # re-runs so far
         self.call = None  # the replica's current DeploymentResponseGenerator
 
     # ---- the first message: the status of the HTTP answer ---------------------------------------------
@@ -67,9 +72,9 @@ class ForwardedSearch:
     async def _first(self) -> Rejected | Answered | StreamOpened:
         while True:
             self.call = self.replicas.search.remote(self.body, self.chat, self.request_id)
-            first = await self._next()
+            first = _lost_if_engine_failed(await self._next())
             if isinstance(first, ReplicaLost):
-                if self._may_retry(first, sent=0):
+                if await self._may_retry(first, sent=0):
                     continue
                 return self._lost(first)
             if isinstance(first, CallEnded):
@@ -99,21 +104,23 @@ class ForwardedSearch:
 
     async def _resume(self, lost: ReplicaLost, sent: int) -> int | None:
         """Chunks to skip on the retried call, or None when it cannot be retried."""
-        if not self._may_retry(lost, sent):
+        if not await self._may_retry(lost, sent):
             return None
         self.call = self.replicas.search.remote(self.body, self.chat, self.request_id)
         opened = await self._next()
         return sent if isinstance(opened, StreamOpened) else None
 
     # ---- helpers ---------------------------------------------------------------------------------------
-    def _may_retry(self, lost: ReplicaLost, sent: int) -> bool:
+    async def _may_retry(self, lost: ReplicaLost, sent: int) -> bool:
+        """Whether to re-run the search (after a short wait) or give up on it."""
         self.counters.replica_lost()
         replayable = sent <= OPENING_CHUNKS or self.body.seed is not None
-        if self.retries_left < 1 or not replayable:
+        if self.retries >= RETRIES or not replayable:
             self.counters.retry("not_retried")
             return False
-        self.retries_left -= 1
+        self.retries += 1
         self.counters.retry("retried")
+        await asyncio.sleep(RETRY_DELAY_S * self.retries)
         return True
 
     async def _next(self):
@@ -133,6 +140,7 @@ class ForwardedSearch:
         return ended
 
     def _lost(self, lost: ReplicaLost) -> Rejected:
+        """The 503 of a search that could not be re-run (again)."""
         return Rejected.of(APIError(503, f"the replica serving this search failed ({lost.reason}) and the "
                                     "search could not be retried; retry the request", code="replica_failed"))
 
@@ -140,3 +148,11 @@ class ForwardedSearch:
         """Cancel the replica's call (a no-op once it has finished): the search's KV is freed there."""
         if self.call is not None:
             self.call.cancel()
+
+
+def _lost_if_engine_failed(first):
+    """A replica's 503 because its engine thread failed counts as that replica lost (its health check
+    has Serve replace it); any other first message stands."""
+    if isinstance(first, Rejected) and first.status == 503 and first.body["error"]["code"] in RETRYABLE_CODES:
+        return ReplicaLost(f"its engine failed: {first.body['error']['message']}")
+    return first

@@ -35,6 +35,7 @@ from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
 from specscale.server.request_body import read_json, validate
 
 REPLICA_HEADER = "X-SpecScale-Replica"  # which replica answered (the first one, for a retried stream)
+RETRIES_HEADER = "X-SpecScale-Retries"  # re-runs after a replica failed, before the answer (or the stream) began
 log = logging.getLogger("specscale.server")
 POLL_TIMEOUT_S = 5.0  # a replica that does not answer a /health or /metrics poll within this is left out
 HEALTH_TOTALS = ("requests_running", "requests_waiting", "kv_blocks_used", "kv_blocks_total", "prm_kv_blocks_used",
@@ -72,7 +73,7 @@ class Ingress:
         search.close()
         if isinstance(first, Rejected):
             return first.response()
-        return JSONResponse(first.body, headers={REPLICA_HEADER: first.replica_id})
+        return JSONResponse(first.body, headers={REPLICA_HEADER: first.replica_id, RETRIES_HEADER: str(search.retries)})
 
     # ---- reports -------------------------------------------------------------------------------------
     async def model_list(self) -> dict:
@@ -146,7 +147,7 @@ class ForwardedStreamingResponse(StreamingResponse):
     def __init__(self, search: ForwardedSearch, replica_id: str):
         super().__init__(search.chunks(), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                  REPLICA_HEADER: replica_id})
+                                  REPLICA_HEADER: replica_id, RETRIES_HEADER: str(search.retries)})
         self.search = search
 
     async def __call__(self, scope, receive, send) -> None:

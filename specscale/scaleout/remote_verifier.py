@@ -8,11 +8,12 @@ PRM; the PRM replica meanwhile merges this call with the other generator replica
 folder, no weights) and a mirror of the PRM's prefix cache (`ScoredPrefixes`), so lazy verification needs
 no round trip per step.
 
-Failures: a call whose PRM replica dies (its actor is lost) or that no PRM replica takes is sent again,
-once (Serve routes it to another PRM replica, or to the one it starts in place of the dead one); each try
-waits at most `verifier_timeout_s`. A second failure, or a timeout, raises `PRMUnavailable`: the engine
-thread then fails its open searches with a 503 and the replica's health check reports it, so nothing
-hangs.
+Failures: a call whose PRM replica dies (its actor is lost) or that no PRM replica takes is sent again
+(Serve routes it to another PRM replica, or holds it until the one it starts in place of the dead one is
+up), a little later each time, until `verifier_timeout_s` has passed since the first try (Serve's router
+may route it to the dead replica again before it learns of the death). Past that deadline, lost or
+unanswered, it raises `PRMUnavailable`: the engine thread then fails its open searches with a 503 (which
+the ingress re-runs on another replica) and the replica's health check reports it, so nothing hangs.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ from specscale.tokenizer import Tokenizer
 from specscale.verify.formats import make_format
 from specscale.verify.prm import ScoreRequest, ScoreResult, VerifierConfig
 
-RETRIES = 1
+RETRY_DELAY_S = 0.2  # before the k-th re-send of a call: k times this, at most RETRY_DELAY_MAX_S
+RETRY_DELAY_MAX_S = 2.0
 LOST = (RayActorError, DeploymentUnavailableError)  # the PRM replica serving the call went away
 
 
 class PRMUnavailable(RuntimeError):
-    """No PRM replica answered a scoring call (after its retry, or within the timeout)."""
+    """No PRM replica answered a scoring call within the timeout (however often it was re-sent)."""
 
 
 class RemoteVerifier:
@@ -89,18 +91,23 @@ class RemoteVerifier:
 
     # ---- the call ----------------------------------------------------------------------------------
     def _call(self, call: ScoreCall) -> ScoreReply:
-        failures = []
-        for _ in range(RETRIES + 1):
+        deadline = time.monotonic() + self.timeout_s
+        failures: list[str] = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PRMUnavailable(f"the PRM replicas lost a scoring call {len(failures)} times in "
+                                     f"{self.timeout_s:g} s ({', '.join(failures)})")
             response = self.verifiers.score.remote(call)
             try:
-                return response.result(timeout_s=self.timeout_s)
+                return response.result(timeout_s=left)
             except TimeoutError:
                 response.cancel()
                 raise PRMUnavailable(f"no PRM replica answered a scoring call within {self.timeout_s:g} s") from None
             except LOST as error:
                 failures.append(type(error).__name__)
                 self.retries += 1
-        raise PRMUnavailable(f"the PRM replicas failed a scoring call {len(failures)} times ({', '.join(failures)})")
+                time.sleep(min(RETRY_DELAY_S * len(failures), RETRY_DELAY_MAX_S))
 
     def _remember(self, request: ScoreRequest, result: ScoreResult) -> None:
         """Mirror the PRM's cache insert: a path whose fitting steps were all scored is cached there."""
