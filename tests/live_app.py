@@ -38,6 +38,18 @@ class LiveApp:
     port: int
     metrics: ServerMetrics
     settings: ServerSettings
+    server: uvicorn.Server
+
+    def open_connections(self) -> int:
+        """Connections uvicorn holds open now (its own count, read from the test's thread)."""
+        return len(self.server.server_state.connections)
+
+    def wait_for_connections(self, count: int, timeout_s: float = 30.0) -> None:
+        """Until uvicorn holds exactly `count` connections (a hang guard, not a speed limit)."""
+        deadline = time.monotonic() + timeout_s
+        while self.open_connections() != count:
+            assert time.monotonic() < deadline, f"{self.open_connections()} connections open, not {count}"
+            time.sleep(0.005)
 
     @property
     def url(self) -> str:
@@ -70,7 +82,7 @@ def serve(builder: SearchBuilder, settings: ServerSettings) -> Iterator[LiveApp]
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.01)
     try:
-        yield LiveApp("127.0.0.1", sock.getsockname()[1], metrics, settings)
+        yield LiveApp("127.0.0.1", sock.getsockname()[1], metrics, settings, server)
     finally:
         server.should_exit = True
         thread.join(10)

@@ -91,10 +91,10 @@ class StopReport:
     snapshot: EngineSnapshot
 
     def describe(self) -> str:
-        s = self.snapshot
+        s, work = self.snapshot, "yes" if self.work_left else "no"
         return (f"{self.cancelled} searches cancelled at exit, {s.running} running, {s.kv_blocks_used} generator KV "
-                f"blocks in use, {s.live_sequences} live sequences, runtime work left: {'yes' if self.work_left else 'no'}"
-                f" ({s.prm_kv_blocks_used} PRM KV blocks hold cached step prefixes)")
+                f"blocks in use, {s.live_sequences} live sequences, runtime work left: {work} "
+                f"({s.prm_kv_blocks_used} PRM KV blocks hold cached step prefixes)")
 
 
 class RequestHandle:
