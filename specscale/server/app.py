@@ -181,12 +181,15 @@ class SearchRoutes:
 
     async def stream(self, session: SearchSession, prepared: PreparedSearch, output: CompletionFormat,
                      started: float, ending: StreamEnding | None = None):
-        """The SSE chunks; `ending` learns how the search ended (an error event, or its result)."""
+        """The SSE chunks; `ending` learns how the search ended (an error event, or its result). A search that
+        ends after its client closed the connection counts as cancelled, whatever it had sent before."""
         yield output.opening_chunk(prepared)
         async for event in session.events():
             if isinstance(event, RoundProgress):
                 yield output.progress_chunk(prepared, event)
                 continue
+            if isinstance(event, Outcome) and await session.client_gone():  # its answer would go nowhere
+                event = Interrupted("disconnect")
             problem = outcome_problem(event, session.timeout_s)
             if ending is not None:
                 ending.settle(problem)

@@ -48,6 +48,15 @@ class SearchSession:
             if not isinstance(event, RoundProgress):
                 return event
 
+    async def client_gone(self, turns: int = 8) -> bool:
+        """Whether the client has gone, after letting the event loop take in what its socket already holds
+        (a close that arrived takes a few loop turns to surface as an `http.disconnect`)."""
+        for _ in range(turns):
+            if self._disconnected.done():
+                return True
+            await asyncio.sleep(0)
+        return self._disconnected.done()
+
     def close(self) -> None:
         """The response is over (sent, failed or abandoned): cancel the search if it is still running."""
         self._disconnected.cancel()
