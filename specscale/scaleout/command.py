@@ -3,7 +3,9 @@
 Without `--address` it starts a local Ray instance on this machine; with one (`auto`, or the head's
 `HOST:6379`) it joins that cluster and deploys there. It prints `SpecScale serving <model> on R Ray Serve
 replicas at http://HOST:PORT` once every replica has loaded its models, serves until Ctrl-C / SIGTERM,
-then deletes the application (and, for a Ray instance it started, shuts Serve and Ray down).
+drains (the ingress refuses new completions with 503 + Retry-After while the open ones finish, at most
+`--drain-timeout` s), prints what the replicas still hold, then deletes the application (and, for a Ray
+instance it started, shuts Serve and Ray down). A second signal skips the drain.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def run_ray_serve(args, config: ScaleOutConfig) -> int:
         print(f"SpecScale serving {config.settings.served_model_name} on {config.replicas} Ray Serve replicas "
               f"at http://{_url_host(args.host)}:{port}{_verifier_note(config)}", flush=True)
         _wait_for_interrupt()
+        _drain(serve, config)
     finally:
         _stop(serve, ray, joined=args.address is not None)
     print("SpecScale stopped", flush=True)
@@ -79,6 +82,20 @@ def _wait_for_interrupt() -> None:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
+
+
+def _drain(serve, config: ScaleOutConfig) -> None:
+    """Let the open requests finish (new ones get 503) and print what the replicas hold afterwards."""
+    from specscale.scaleout.application import APP_NAME
+
+    timeout_s = config.settings.drain_s
+    try:
+        report = serve.get_app_handle(APP_NAME).drain.remote(timeout_s).result(timeout_s=timeout_s + 30)
+    except KeyboardInterrupt:  # a second signal: stop now
+        print("SpecScale drain skipped", flush=True)
+        return
+    state = "every search finished" if report.open_requests == 0 else "drain timeout"
+    print(f"SpecScale drained ({state}): {report.describe()}", flush=True)
 
 
 def _stop(serve, ray, joined: bool) -> None:

@@ -8,13 +8,19 @@ server); the search goes to a replica through a Ray Serve streaming handle call,
 `/metrics` sums the replicas' series with the ingress's own HTTP counts and its replica-failure counters.
 In disaggregated serving both also ask every PRM replica (`VerifierReplica`): /health lists them apart
 and adds their PRM KV to the total, /metrics sums their PRM-batch series with the rest.
+
+Drain (`drain`, called by `specscale serve --ray` on SIGTERM): new completions get 503 + Retry-After and
+/health answers 503 "draining" while the requests the ingress holds run to their end; then it reports what
+the replicas still hold (docs/scale-out.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -52,12 +58,36 @@ class Ingress:
         self.counters = ClusterCounters()
         self.started = int(time.time())
         self._model_card: dict | None = None
+        self.draining = False
+        self.open_requests = 0  # completions received and not yet answered to the end (streams included)
+
+    async def drain(self, timeout_s: float) -> DrainReport:
+        """Refuse new completions, wait up to `timeout_s` for the open ones, report what the replicas hold."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.open_requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return DrainReport(self.open_requests, _described(await self._poll()), _described(await self._poll_verifiers()))
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_ingress_app(self)
 
     # ---- completions ---------------------------------------------------------------------------------
     async def complete(self, request: Request, model, chat: bool):
+        if self.draining:
+            raise APIError(503, "the server is shutting down and finishing the searches it has; retry on another "
+                           "server", code="draining", headers={"Retry-After": str(self.config.settings.retry_after_s)})
+        self.open_requests += 1
+        handed_over = False
+        try:
+            response = await self._complete(request, model, chat)
+            handed_over = isinstance(response, ForwardedStreamingResponse)
+            return response
+        finally:
+            if not handed_over:  # a stream counts until its last chunk is sent (ForwardedStreamingResponse)
+                self.open_requests -= 1
+
+    async def _complete(self, request: Request, model, chat: bool):
         settings = self.config.settings
         body = validate(model, await read_json(request, settings.max_body_bytes))
         timeout_s = min(body.search.timeout_s or settings.request_timeout_s, settings.request_timeout_s)
@@ -69,7 +99,7 @@ class Ingress:
             search.close()
             raise
         if isinstance(first, StreamOpened):
-            return ForwardedStreamingResponse(search, first.replica_id)
+            return ForwardedStreamingResponse(search, first.replica_id, self)
         search.close()
         if isinstance(first, Rejected):
             return first.response()
@@ -93,13 +123,13 @@ class Ingress:
         total["prm_kv_blocks_used"] += sum(v["prm_kv_blocks_used"] for v in verifiers)
         complete = healthy >= self.config.replicas and verifiers_healthy >= self.config.verifier_replicas
         serving = healthy > 0 and (verifiers_healthy > 0 or not self.config.disaggregated)
-        state = "ok" if complete else "degraded" if serving else "failed"
+        state = "draining" if self.draining else "ok" if complete else "degraded" if serving else "failed"
         body = {"status": state, "replicas_target": self.config.replicas, "replicas_healthy": healthy,
                 **total, "replicas": replicas}
         if self.config.disaggregated:
             body |= {"verifier_replicas_target": self.config.verifier_replicas,
                      "verifier_replicas_healthy": verifiers_healthy, "verifier_replicas": verifiers}
-        return JSONResponse(body, status_code=200 if serving else 503)
+        return JSONResponse(body, status_code=200 if serving and not self.draining else 503)
 
     async def prometheus(self) -> PlainTextResponse:
         statuses = await self._poll()
@@ -135,6 +165,26 @@ class Ingress:
         return [r for r in results if not isinstance(r, BaseException)]
 
 
+@dataclass(frozen=True)
+class DrainReport:
+    """What a drain left: requests still open at the ingress (past the drain's timeout), and every search
+    and PRM replica's /health body."""
+
+    open_requests: int
+    replicas: list[dict]
+    verifiers: list[dict]
+
+    def describe(self) -> str:
+        total = {name: sum(r[name] for r in self.replicas) for name in HEALTH_TOTALS}
+        line = (f"{self.open_requests} requests open at the ingress; {len(self.replicas)} search replicas: "
+                f"{total['requests_running']} running, {total['requests_waiting']} waiting, "
+                f"{total['kv_blocks_used']} generator KV blocks in use, {total['live_sequences']} live sequences")
+        if self.verifiers:
+            cached = sum(v["prm_kv_blocks_used"] for v in self.verifiers)
+            line += f"; {len(self.verifiers)} PRM replicas: {cached} PRM KV blocks hold cached step prefixes"
+        return line
+
+
 def _described(statuses: list) -> list[dict]:
     """Each replica's /health body with who it is."""
     return [dict(replica_id=s.replica_id, pid=s.pid, node_id=s.node_id, **s.health) for s in statuses]
@@ -144,11 +194,12 @@ class ForwardedStreamingResponse(StreamingResponse):
     """An SSE response from a replica's stream that cancels the replica's call however the response ends
     (sent, failed, or abandoned by a client that went away)."""
 
-    def __init__(self, search: ForwardedSearch, replica_id: str):
+    def __init__(self, search: ForwardedSearch, replica_id: str, ingress: Ingress):
         super().__init__(search.chunks(), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                   REPLICA_HEADER: replica_id, RETRIES_HEADER: str(search.retries)})
         self.search = search
+        self.ingress = ingress
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -157,6 +208,7 @@ class ForwardedStreamingResponse(StreamingResponse):
             log.debug("the client of a stream went away; its search is cancelled")
         finally:
             self.search.close()
+            self.ingress.open_requests -= 1
 
 
 def build_ingress_app(ingress: Ingress) -> FastAPI:
