@@ -59,7 +59,7 @@ class ForwardedSearch:
 
     # ---- the first message: the status of the HTTP answer ---------------------------------------------
     async def open(self) -> Rejected | Answered | StreamOpened:
-        """Send the search; a replica lost before its first message is retried once."""
+        """Send the search; a replica lost before its first message means a re-run (`_may_retry`)."""
         deadline = self.timeout_s + FIRST_ANSWER_GRACE_S
         try:
             first = await asyncio.wait_for(self._first(), timeout=deadline)
