@@ -3,8 +3,8 @@
     flock /tmp/specscale-cpu.lock python benchmarks/chaos.py --out docs/bench/chaos
 
 Starts `specscale serve --ray --replicas 2 --verifier-replicas 1` (the bundled toy models unless
-`--generator` / `--prm`; its own local Ray instance), keeps `--clients` closed-loop clients sending seeded
-chat searches (every other one streamed), and kills (SIGKILL) a busy generator replica's process
+`--generator` / `--prm`; its own local Ray instance), keeps `--clients` closed-loop clients sending chat
+searches (every other one streamed; every other stream unseeded, which cannot be replayed), and kills (SIGKILL) a busy generator replica's process
 `--generator-kills` times, then the PRM replica's `--prm-kills` times, each once the layout has recovered
 from the one before and `--spacing-s` of steady load later. Recovery: the time from the kill until /health
 is "ok" again with a new replica in the victim's place.
@@ -110,9 +110,15 @@ def stop(process: subprocess.Popen) -> int:
 
 
 # ---- one request ---------------------------------------------------------------------------------------------
-def body(question: str, seed: int, stream: bool) -> dict:
-    return {"messages": [{"role": "user", "content": question}], "seed": seed, "max_tokens": 64,
-            "temperature": 0.8, "stream": stream, "search": SEARCH}
+def seeded(index: int, stream: bool) -> bool:
+    """Whole answers are all seeded; every other stream is not (one whose replica dies mid-way cannot be
+    replayed: it must end with an error event)."""
+    return not stream or index % 4 != 0
+
+
+def body(question: str, index: int, stream: bool) -> dict:
+    return {"messages": [{"role": "user", "content": question}], "seed": index if seeded(index, stream) else None,
+            "max_tokens": 64, "temperature": 0.8, "stream": stream, "search": SEARCH}
 
 
 async def whole(http: httpx.AsyncClient, payload: dict) -> tuple[str, int, str, int, str]:
@@ -277,6 +283,7 @@ def summarize(records: list[Record], kills: list[Kill], metrics: str, equal: dic
             "replica_failures_seen": metric(metrics, "specscale_replica_failures_total"),
             "prm_calls_re_sent_by_live_replicas": metric(metrics, "specscale_prm_call_retries_total"),
             "stream_error_codes": dict(Counter(r.code for r in records if r.stream and r.outcome == "failed")),
+            "unseeded_streams": sum(1 for r in records if r.stream and not seeded(r.seed, True)),
             "recovery_s": recoveries, "retried_answers_checked": len(equal),
             "retried_answers_equal": sum(equal.values()), "checks": checks, "passed": all(checks.values())}
 
@@ -291,13 +298,15 @@ def write_markdown(report: dict, path: Path) -> None:
               for i, k in enumerate(report["kills"], 1)]
     lines += ["", "| | |", "|---|---|", f"| requests sent | {s['sent']} |"]
     lines += [f"| {key} | {value} |" for key, value in s["by_kind_and_outcome"].items()]
-    lines += [f"| whole answers re-run after a replica failure (X-SpecScale-Retries > 0) | {s['whole_answers_re_run']} |",
+    lines += [f"| whole answers re-run after a replica failure (X-SpecScale-Retries > 0) | "
+              f"{s['whole_answers_re_run']} |",
               f"| streams re-run before they opened | {s['streams_re_run_before_opening']} |",
               f"| re-runs counted by the ingress (re-run / not re-run) | {s['ingress_re_runs']:g} / "
               f"{s['ingress_not_re_run']:g} |",
               f"| scoring calls re-sent by the generator replicas still alive at the end | "
               f"{s['prm_calls_re_sent_by_live_replicas']:g} |",
-              f"| streams ended by an error event (codes) | {s['stream_error_codes'] or 'none'} |",
+              f"| streams ended by an error event (codes; {s['unseeded_streams']} streams were unseeded) | "
+              f"{s['stream_error_codes'] or 'none'} |",
               f"| re-run answers equal to an untouched server's for the same seed | {s['retried_answers_equal']} / "
               f"{s['retried_answers_checked']} |",
               "| verdict | " + ("PASS" if s["passed"] else "FAIL") + ": " + ", ".join(

@@ -342,7 +342,8 @@ async def drain(load: Load, http: httpx.AsyncClient, pid: int, baseline: Counter
     return {"t_s": round(load.now(), 1), "waited_s": round(load.now() - started, 1), **process_sample(pid),
             "kv_blocks_used": health["kv_blocks_used"], "prm_kv_blocks_used": health["prm_kv_blocks_used"],
             "live_sequences": health["live_sequences"], "requests": len(load.records), "server_5xx": fives,
-            "counts_equal": client == server_delta, "client_counts": _keyed(client), "server_counts": _keyed(server_delta)}
+            "counts_equal": client == server_delta, "client_counts": _keyed(client),
+            "server_counts": _keyed(server_delta)}
 
 
 def _keyed(counts: Counter) -> dict:
@@ -480,8 +481,8 @@ async def soak(args, url: str, pid: int) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=900, limits=httpx.Limits(max_connections=512)) as http:
         model = (await http.get("/v1/models")).json()["data"][0]["id"]
         load = Load(url, model, [p.question for p in toy_problems("test", 200, seed=args.seed)])
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=900,
-                                    http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=512), timeout=900))
+        pool = httpx.AsyncClient(limits=httpx.Limits(max_connections=512), timeout=900)
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=900, http_client=pool)
         capacity = None if args.rate else await measure_capacity(load, client, args)
         rate = args.rate or args.load * capacity
         print(f"capacity {capacity or 0:.2f} req/s; offering {rate:.2f} req/s for {args.minutes:g} min", flush=True)

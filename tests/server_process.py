@@ -1,6 +1,6 @@
 """A `specscale serve` subprocess for the tests: its output in a log file, its URL read from the log once it
 is up (and, for a plain server, once /health answers 200), stopped with a signal and killed if it does not
-exit in time. Used by test_server, test_scaleout_cli and test_readme_examples."""
+exit in time. Used by test_server, test_server_drain, test_scaleout_cli and test_readme_examples."""
 
 from __future__ import annotations
 
@@ -62,3 +62,19 @@ def wait_for_url(log: Path, process: subprocess.Popen, url_pattern: str, check_h
             raise AssertionError(f"the server exited early:\n{log.read_text()[-3000:]}")
         time.sleep(0.1)
     raise AssertionError(f"the server did not start:\n{log.read_text()[-3000:]}")
+
+
+def streamed_lines(url: str, payload: dict, timeout_s: float = 150.0) -> list[str]:
+    """The non-empty lines of a streamed chat completion (its status must be 200)."""
+    with httpx.Client(base_url=url, timeout=timeout_s) as h, \
+            h.stream("POST", "/v1/chat/completions", json=payload) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def wait_for(condition, message: str, timeout_s: float = 60.0) -> None:
+    """Until `condition()` holds (a hang guard, not a speed limit)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.02)

@@ -7,8 +7,8 @@ answer on either; /v1/models, /health per replica and in total, /metrics summed 
 client that disconnects mid-stream has its search cancelled on the replica that runs it, with the KV
 freed within one engine tick; overload answers 429 + Retry-After and nothing hangs; a replica killed in
 the middle of a load of seeded searches: every request answers 200 (re-run on the other replica), the
-metrics count the re-runs and Ray Serve brings the replica back. No test relies on what ran before it. Ray and Serve are shut down however
-the tests end.
+metrics count the re-runs and Ray Serve brings the replica back. No test relies on what ran before it.
+Ray and Serve are shut down however the tests end.
 """
 
 from __future__ import annotations

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
-from server_process import RAY_URL, serving
+from server_process import RAY_URL, serving, streamed_lines, wait_for
 
 QUESTION = "Tom has 12 apples. He buys 7 more. How many apples does Tom have?"
 LONG = {"preset": "beam", "beam_size": 16, "beam_width": 4, "max_rounds": 12}
@@ -40,10 +39,10 @@ def test_serve_ray_serves_drains_on_sigterm_and_stops_cleanly(tmp_path):
         assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
         assert h.get("/health").json()["replicas_healthy"] == 1
         whole = pool.submit(h.post, "/v1/chat/completions", json=body(LONG, seed=2))
-        stream = pool.submit(_streamed_lines, server.url, body(LONG, stream=True))
-        _wait_for(lambda: h.get("/health").json()["requests_running"] == 2, "the searches did not start")
+        stream = pool.submit(streamed_lines, server.url, body(LONG, stream=True))
+        wait_for(lambda: h.get("/health").json()["requests_running"] == 2, "the searches did not start")
         server.process.send_signal(signal.SIGTERM)
-        _wait_for(lambda: h.get("/health").json()["status"] == "draining", "the ingress did not start draining")
+        wait_for(lambda: h.get("/health").json()["status"] == "draining", "the ingress did not start draining")
         assert h.get("/health").status_code == 503
         refused = h.post("/v1/chat/completions", json=body(fast))
         assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
@@ -56,15 +55,3 @@ def test_serve_ray_serves_drains_on_sigterm_and_stops_cleanly(tmp_path):
     assert ("SpecScale drained (every search finished): 0 requests open at the ingress; 1 search replicas: "
             "0 running, 0 waiting, 0 generator KV blocks in use, 0 live sequences") in log.read_text()
 
-
-def _streamed_lines(url: str, payload: dict) -> list[str]:
-    with httpx.Client(base_url=url, timeout=120) as h, h.stream("POST", "/v1/chat/completions", json=payload) as r:
-        assert r.status_code == 200
-        return [line for line in r.iter_lines() if line]
-
-
-def _wait_for(condition, message: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.02)

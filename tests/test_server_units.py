@@ -22,7 +22,7 @@ from specscale.search.runtime import SearchRequest
 from specscale.server.request_body import field_path
 from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RoundProgress
 from specscale.server.errors import APIError
-from specscale.server.metrics import Histogram, ServerMetrics, TokenRate
+from specscale.server.metrics import Histogram, RequestOutcome, ServerMetrics, TokenRate
 from specscale.server.protocol import ChatCompletionRequest
 from specscale.server.responses import ranked_paths
 from specscale.server.search_builder import SearchBuilder
@@ -286,3 +286,45 @@ def test_serve_without_a_checkpoint_says_which_one_is_missing(tmp_path, capsys):
 
     assert main(["serve", "--generator", str(tmp_path / "nothing"), "--prm", str(tmp_path / "nothing")]) == 2
     assert "no checkpoint" in capsys.readouterr().out
+
+
+def test_a_draining_engine_loop_refuses_new_searches_and_finishes_the_accepted_ones():
+    async def main():
+        loop = EngineLoop(scripted, ServerMetrics(), max_waiting=8, retry_after_s=3)
+        accepted = [loop.submit(search_request(i), "beam", wants_progress=False) for i in range(3)]
+        loop.drain()
+        refused = loop.submit(search_request(9), "beam", wants_progress=False)
+        assert not loop.idle()  # three accepted, none run yet
+        loop.start()
+        outcomes = [(await drain(h))[1] for h in accepted]
+        while not loop.idle():
+            await asyncio.sleep(0.001)
+        loop.stop()
+        return refused, outcomes, loop
+
+    refused, outcomes, loop = asyncio.run(main())
+    assert isinstance(refused, Refusal)
+    assert (refused.status, refused.code, refused.retry_after_s) == (503, "draining", 3)
+    assert all(o.result.error is None for o in outcomes)
+    left = loop.left_at_stop
+    assert left.cancelled == 0 and not left.work_left and left.snapshot.kv_blocks_used == 0
+
+
+def test_request_outcomes_are_counted_by_route_outcome_status_and_reason():
+    metrics = ServerMetrics()
+    completed = RequestOutcome("/v1/completions", "completed", 200)
+    for outcome in (completed, completed,
+                    RequestOutcome.of_error("/v1/chat/completions", 499, "client_closed"),
+                    RequestOutcome.of_error("/v1/chat/completions", 400, "invalid_json"),
+                    RequestOutcome.of_error("/v1/chat/completions", 504, "timeout")):
+        metrics.request_outcome(outcome)
+    text = metrics.render(SimpleNamespace(running=0, waiting=0, kv_blocks_used=0, kv_blocks_total=0,
+                                          prm_kv_blocks_used=0, live_sequences=0, failure=None, ticks=0))
+    for line in ('specscale_requests_total{route="/v1/completions",outcome="completed",status="200",reason=""} 2',
+                 'specscale_requests_total{route="/v1/chat/completions",outcome="cancelled",status="499",'
+                 'reason="client_closed"} 1',
+                 'specscale_requests_total{route="/v1/chat/completions",outcome="refused",status="400",'
+                 'reason="invalid_json"} 1',
+                 'specscale_requests_total{route="/v1/chat/completions",outcome="failed",status="504",'
+                 'reason="timeout"} 1'):
+        assert line in text, line
