@@ -14,8 +14,8 @@ error, or a stream's error event the client can act on), truncated (a stream tha
 must be 0) or hung (no end within `--hang-s`: must be 0). A whole answer whose replica died is re-run on
 another replica with its seed (the response's `X-SpecScale-Retries` counts the re-runs): none may fail. At
 the end a fresh single-process `specscale serve` (an untouched server, the same models and threads)
-answers every re-run request's seed again: the answers must be equal. Writes chaos.json and chaos.md; exits
-1 if a criterion fails.
+answers every re-run request's seed again: the answers must be equal. Writes chaos.json, chaos.md and
+raw.json (every request's record); exits 1 if a criterion fails.
 """
 
 from __future__ import annotations
@@ -344,6 +344,7 @@ def main(argv=None) -> int:
               "ray_exit_code": ray_exit, "kills": [asdict(k) for k in kills],
               "summary": summarize(records, kills, metrics, equal), "records": [asdict(r) for r in records],
               "re_run_answers_equal": equal}
+    (out / "raw.json").write_text(json.dumps({"records": report.pop("records")}))  # per request: not committed
     (out / "chaos.json").write_text(json.dumps(report, indent=1))
     write_markdown(report, out / "chaos.md")
     print((out / "chaos.md").read_text())

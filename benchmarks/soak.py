@@ -12,7 +12,8 @@ of generator and PRM, running and waiting searches) and the client's p50 / p99 l
 `--drain-every-s` it stops sending until nothing is in flight (the server drains), and checks there: the
 generator KV is back at its idle baseline, and the client's count of every request's outcome (completed,
 cancelled by its client, refused with a 4xx and its reason) equals the server's `specscale_requests_total`
-exactly. Writes soak.json (series, drains, verdict), soak.md and soak.png; exits 1 if a criterion fails.
+exactly. Writes soak.json (series, drains, verdict), soak.md, soak.png and raw.json (every request's record);
+exits 1 if a criterion fails.
 
 Pass criteria (docs/BENCHMARKS.md, "Soak"): after `--warmup-minutes` RSS grows < 2%/hour (least-squares
 slope over the samples; `--no-rss-criterion` for runs too short for a slope to mean anything), generator
@@ -428,7 +429,7 @@ def summary_rows(report: dict) -> list[tuple[str, str]]:
         ("threads at the drains", ", ".join(str(d["threads"]) for d in drains)),
         ("latency p50 / p99 per sample after warm-up (normal requests)",
          f"{np.median(p50):.2f} s / {np.median(p99):.2f} s (medians; worst p99 {max(p99):.2f} s)" if p99 else "-"),
-        ("5xx (client / server)", f"{sum(1 for r in report['records'] if r['status'] >= 500)} / "
+        ("5xx (client / server)", f"{report['client_5xx']} / "
                                  f"{drains[-1]['server_5xx']}"),
         ("verdict", ("PASS" if v["passed"] else "FAIL") + ": " + ", ".join(
             f"{name} {'-' if ok is None else 'ok' if ok else 'FAILED'}" for name, ok in v["checks"].items())),
@@ -499,6 +500,7 @@ async def soak(args, url: str, pid: int) -> dict:
     return {"minutes": args.minutes, "sample_s": args.sample_s, "capacity_rps": capacity, "rate_rps": rate,
             "sent": load.sent, "requests_by_kind": dict(Counter(r.kind.split(":")[0] for r in load.records)),
             "outcomes": dict(Counter(r.outcome for r in load.records)), "idle": idle,
+            "client_5xx": sum(1 for r in load.records if r.status >= 500),
             "samples": samples, "drains": drains, "records": records,
             "verdict": verdict(samples, drains, load, idle, args, warmup_s)}
 
@@ -517,6 +519,7 @@ def main(argv=None) -> int:
     report |= {"command": "python benchmarks/soak.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                "server_exit_code": process.returncode}
+    (out / "raw.json").write_text(json.dumps({"records": report.pop("records")}))  # per request: not committed
     (out / "soak.json").write_text(json.dumps(report, indent=1))
     write_markdown(report, out / "soak.md")
     plot(report, out / "soak.png")

@@ -36,9 +36,11 @@ def test_a_short_soak_leaks_nothing_and_accounts_for_every_request(tmp_path):
     assert checks.pop("rss_growth_below_2pct_per_hour") is None  # not judged on a run this short
     assert all(checks.values()), checks
     assert len(report["drains"]) >= 3 and report["server_exit_code"] == 0
-    kinds = {r["kind"] for r in report["records"]}
+    records = json.loads((out / "raw.json").read_text())["records"]
+    assert len(records) == report["sent"] and report["client_5xx"] == 0
+    kinds = {r["kind"] for r in records}
     assert {"normal", "disconnect", "slow_reader", "slow_sender"} <= kinds
     assert sum(kind.startswith("hostile:") for kind in kinds) == 5
-    outcomes = {(r["kind"], r["outcome"]) for r in report["records"]}
+    outcomes = {(r["kind"], r["outcome"]) for r in records}
     assert ("disconnect", "cancelled") in outcomes and ("hostile:malformed_json", "refused") in outcomes
     assert (out / "soak.png").stat().st_size > 0 and "| verdict | PASS" in (out / "soak.md").read_text()
