@@ -69,6 +69,7 @@ class AttentionShape:
 
 
 ATTENTION_PATHS = ("cpp", "torch")  # the C++ kernels (model/cpu_kernels.py) or gather + SDPA
+ATTENTION_MARGIN = 2.0  # torch replaces the C++ kernels only when it measures this many times faster
 # the batches attention is timed on: 32 decode rows on 256-token contexts; 8 x 128 new tokens on 256 cached
 DECODE_ROWS, PREFILL_ROWS, NEW_TOKENS, CONTEXT_TOKENS, BLOCK_TOKENS = 32, 8, 128, 256, 16
 AttentionTimer = Callable[[AttentionShape, str], dict[str, float]]
@@ -141,15 +142,18 @@ class KernelChoice:
         return path
 
     def attention_path(self, shape: AttentionShape, kind: str) -> str:
-        """"cpp" or "torch" for decode or prefill attention (kind), whichever is faster here (cached like the
-        linears; the C++ kernels must have built, and for prefill support the head size)."""
+        """"cpp" or "torch" for decode or prefill attention (kind): the C++ kernel unless torch measures
+        ATTENTION_MARGIN times faster here (cached like the linears; the kernels must have built, and for
+        prefill support the head size). The decode choice carries the fused norm / RoPE / activation ops."""
         entry = lambda path: f"{kind} attention {shape.key}|{path}"  # noqa: E731
         if not all(entry(path) in self.times for path in ATTENTION_PATHS):
             measured = self.attention_timer(shape, kind)
             self.times.update({entry(path): measured[path] for path in ATTENTION_PATHS})
             self.timings_taken += len(ATTENTION_PATHS)
             self._save()
-        path = min(ATTENTION_PATHS, key=lambda p: self.times[entry(p)])
+        # the C++ kernels unless torch is clearly faster: one stalled timing must not switch off every fused op
+        faster = self.times[entry("torch")] * ATTENTION_MARGIN < self.times[entry("cpp")]
+        path = "torch" if faster else "cpp"
         self.chosen[f"{kind} attention {shape.key}"] = path
         return path
 
