@@ -194,6 +194,14 @@ class KernelChoice:
         return f"kernels {self.mode}: linears {uses or 'none'} ({source}) on {self.fingerprint.describe()}"
 
 
+def describe_paths(report: dict) -> str:
+    """An engine's kernels() report in one line: "kernels auto: linears ours x97, attention cpp, prefill
+    attention cpp" (the start-up log, the benchmark headers)."""
+    linears = ", ".join(f"{path} x{count}" for path, count in report.get("linear_paths", {}).items())
+    return (f"kernels {report.get('mode', '-')}: linears {linears or 'plain'}, attention {report['attention']}, "
+            f"prefill attention {report['prefill_attention']}")
+
+
 # ---- the measurement ---------------------------------------------------------------------------------
 _eviction: list[torch.Tensor] = []  # one buffer of twice the last-level cache, made on first use
 
