@@ -413,13 +413,14 @@ def gemm_peak(dtype: str, device: str, out_features: int, in_features: int, kern
     """GFLOP/s of our Linear (on CPU on the path the engine would pick for it) on [rows, in] x [in, out]: median
     of 25 timed calls after 10 untimed ones (the first few calls of a process run at ~70% of the rate: threads,
     allocator, caches)."""
-    from specscale.model.kernel_choice import ROW_BUCKETS, KernelChoice
+    from specscale.model.kernel_choice import ROW_BUCKETS
+    from specscale.model.kernel_timing import measured_choice
     from specscale.model.transformer import Linear
 
     torch_dtype = getattr(torch, dtype)
     linear = Linear(in_features, out_features, bias=False).to(device=device, dtype=torch_dtype)
     if device == "cpu":
-        linear.prepack(KernelChoice(kernels).linear_path(linear.shape, linear.paths(), ROW_BUCKETS))
+        linear.prepack(measured_choice(kernels).linear_path(linear.shape, linear.paths(), ROW_BUCKETS))
     x = torch.randn(rows, in_features, device=device, dtype=torch_dtype)
     times = []
     with torch.inference_mode():

@@ -95,7 +95,7 @@ def test_fastest_path_and_bucket_winners_break_ties_in_path_order():
 
 def test_the_real_timer_measures_every_path_it_offers():
     """The default timer runs each path of a small weight and returns positive seconds for every cell."""
-    from specscale.model.kernel_choice import time_paths
+    from specscale.model.kernel_timing import time_paths
 
     layer = Linear(64, 96, bias=True).bfloat16()
     times = time_paths(layer.shape, layer.paths(), (1, 8))
@@ -207,7 +207,8 @@ def test_attention_takes_the_faster_measured_path_and_caches_it(tmp_path):
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the torch path is used")
 def test_the_real_attention_timer_runs_both_paths():
-    from specscale.model.kernel_choice import AttentionShape, time_attention
+    from specscale.model.kernel_choice import AttentionShape
+    from specscale.model.kernel_timing import time_attention
 
     shape = AttentionShape(4, 2, 64, "float32")
     for kind in ("decode", "prefill"):
