@@ -61,6 +61,7 @@ from specscale.config import KERNEL_MODES, EngineConfig
 from specscale.defaults import TOY_GENERATOR
 from specscale.engine.engine import Engine
 from specscale.engine.sequence import SamplingParams
+from specscale.model.kernel_choice import describe_paths
 from specscale.model.machine import MachineFingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -135,7 +136,7 @@ def measure(args, model: str, engine_name: str) -> dict:
             engine = Engine(EngineConfig(model=model, dtype=dtype, kv_cache_memory_gb=args.kv_gb, max_num_seqs=512,
                                          device=args.device, kernels=args.kernels))
             memory[dtype] = engine.model_memory().describe()
-            kernels[dtype] = kernels_text(engine.kernels())
+            kernels[dtype] = describe_paths(engine.kernels())
             timer = lambda p, n: time_ours(engine, p, n, args.temperature)  # noqa: E731
         else:
             from transformers import AutoModelForCausalLM
@@ -153,13 +154,6 @@ def measure(args, model: str, engine_name: str) -> dict:
         if engine_name == "specscale":
             assert engine.block_manager.num_used_blocks == 0
     return {"rates": rates, "memory": memory, "kernels": kernels}
-
-
-def kernels_text(report: dict) -> str:
-    """The paths our engine took: "linears ours x97 ..., attention cpp, prefill attention cpp"."""
-    linears = ", ".join(f"{path} x{count}" for path, count in report.get("linear_paths", {}).items())
-    return (f"kernels {report.get('mode', '—')}: linears {linears or 'plain'}, attention {report['attention']}, "
-            f"prefill attention {report['prefill_attention']}")
 
 
 def run_round(args, model: str, memory: dict | None = None) -> dict:
@@ -419,13 +413,14 @@ def gemm_peak(dtype: str, device: str, out_features: int, in_features: int, kern
     """GFLOP/s of our Linear (on CPU on the path the engine would pick for it) on [rows, in] x [in, out]: median
     of 25 timed calls after 10 untimed ones (the first few calls of a process run at ~70% of the rate: threads,
     allocator, caches)."""
-    from specscale.model.kernel_choice import ROW_BUCKETS, KernelChoice
+    from specscale.model.kernel_choice import ROW_BUCKETS
+    from specscale.model.kernel_timing import measured_choice
     from specscale.model.transformer import Linear
 
     torch_dtype = getattr(torch, dtype)
     linear = Linear(in_features, out_features, bias=False).to(device=device, dtype=torch_dtype)
     if device == "cpu":
-        linear.prepack(KernelChoice(kernels).linear_path(linear.shape, linear.paths(), ROW_BUCKETS))
+        linear.prepack(measured_choice(kernels).linear_path(linear.shape, linear.paths(), ROW_BUCKETS))
     x = torch.randn(rows, in_features, device=device, dtype=torch_dtype)
     times = []
     with torch.inference_mode():

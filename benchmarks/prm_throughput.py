@@ -56,11 +56,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_throughput import (VLLM_PYTHON, checkpoint_folder, kernels_text, machine, vllm_environment,  # noqa: E402
-                               write_section)
+from engine_throughput import VLLM_PYTHON, checkpoint_folder, machine, vllm_environment, write_section  # noqa: E402
 from random_checkpoint import SHAPES, Shape  # noqa: E402
 
 from specscale.config import KERNEL_MODES, EngineConfig  # noqa: E402
+from specscale.model.kernel_choice import describe_paths  # noqa: E402
 from specscale.engine.engine import Engine  # noqa: E402
 from specscale.engine.sequence import FinishReason  # noqa: E402
 from specscale.prompts import PRM_STEP_TAG  # noqa: E402
@@ -303,7 +303,7 @@ def main() -> None:
             f"\n\n" + table(args.points, ours, vllm, shape)
             + (("\n" + search_table(args.searches, ours, vllm, run_tokens)) if args.searches else "")
             + "\n" + score_check([p.label for p in args.points + args.searches], ours, vllm) + "\n"
-            + f"Our engine: {kernels_text(engine.kernels())}.\n")
+            + f"Our engine: {describe_paths(engine.kernels())}.\n")
     print(text)
     if args.write:
         write_section(args.write, text, "cpu", "-prm")

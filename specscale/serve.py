@@ -155,20 +155,15 @@ def _argument_problem(args) -> str | None:
 
 def log_memory(pipeline) -> None:
     """Start-up lines on stdout (whatever the log level): what each model holds, the process's resident memory."""
+    from specscale.model.kernel_choice import describe_paths
     from specscale.model.memory import MIB, process_resident_bytes
 
     print(f"SpecScale generator memory: {pipeline.engine.model_memory().describe()}", flush=True)
     print(f"SpecScale PRM memory: {pipeline.verifier.engine.model_memory().describe()}", flush=True)
     for role, engine in (("generator", pipeline.engine), ("PRM", pipeline.verifier.engine)):
-        print(f"SpecScale {role} kernels: {kernels_line(engine.kernels())}", flush=True)
+        report = engine.kernels()
+        print(f"SpecScale {role} {describe_paths(report)} on {report.get('machine', 'this device')}", flush=True)
     print(f"SpecScale process resident memory: {process_resident_bytes() / MIB:,.0f} MiB", flush=True)
-
-
-def kernels_line(report: dict) -> str:
-    """E.g. "linears ours x97, torch x1, attention cpp, prefill attention cpp on AMD EPYC, ... (no AMX)"."""
-    linears = ", ".join(f"{path} x{count}" for path, count in report.get("linear_paths", {}).items())
-    return (f"linears {linears or 'plain'}, attention {report['attention']}, prefill attention "
-            f"{report['prefill_attention']} on {report.get('machine', 'this device')}")
 
 
 def bind(host: str, port: int) -> socket.socket:

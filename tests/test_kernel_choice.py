@@ -95,7 +95,7 @@ def test_fastest_path_and_bucket_winners_break_ties_in_path_order():
 
 def test_the_real_timer_measures_every_path_it_offers():
     """The default timer runs each path of a small weight and returns positive seconds for every cell."""
-    from specscale.model.kernel_choice import time_paths
+    from specscale.model.kernel_timing import time_paths
 
     layer = Linear(64, 96, bias=True).bfloat16()
     times = time_paths(layer.shape, layer.paths(), (1, 8))
@@ -197,16 +197,18 @@ def test_attention_takes_the_faster_measured_path_and_caches_it(tmp_path):
     from specscale.model.kernel_choice import AttentionShape
 
     shape = AttentionShape(14, 2, 64, "bfloat16")
-    timings = {"decode": {"cpp": 1.0, "torch": 3.0}, "prefill": {"cpp": 2.0, "torch": 1.5}}
+    timings = {"decode": {"cpp": 1.5, "torch": 1.0}, "prefill": {"cpp": 2.5, "torch": 1.0}}  # torch 1.5x / 2.5x
     choice = KernelChoice("auto", MACHINE, tmp_path, refuse, lambda s, kind: timings[kind])
-    assert choice.attention_path(shape, "decode") == "cpp" and choice.attention_path(shape, "prefill") == "torch"
+    assert choice.attention_path(shape, "decode") == "cpp"  # within the margin: the C++ kernels stay
+    assert choice.attention_path(shape, "prefill") == "torch"
     again = KernelChoice("auto", MACHINE, tmp_path, refuse, lambda s, kind: pytest.fail("cached"))
     assert again.attention_path(shape, "prefill") == "torch" and again.timings_taken == 0
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the torch path is used")
 def test_the_real_attention_timer_runs_both_paths():
-    from specscale.model.kernel_choice import AttentionShape, time_attention
+    from specscale.model.kernel_choice import AttentionShape
+    from specscale.model.kernel_timing import time_attention
 
     shape = AttentionShape(4, 2, 64, "float32")
     for kind in ("decode", "prefill"):

@@ -22,6 +22,7 @@ code an AVX2-only CPU runs.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -45,10 +46,12 @@ def extension_name() -> str:
 
 
 def build_directory() -> Path:
-    """Where torch's JIT loader builds (and caches) this process's extension."""
+    """Where torch's JIT loader builds (and caches) this process's extension: one folder per source checkout,
+    since the loader rebuilds whenever another checkout's build used the folder (a ~1-10 minute compile)."""
     from torch.utils.cpp_extension import get_default_build_root
 
-    return Path(get_default_build_root()) / extension_name()
+    checkout = hashlib.sha256(str(SOURCE.resolve()).encode()).hexdigest()[:8]
+    return Path(get_default_build_root()) / f"{extension_name()}-{checkout}"
 
 
 def _build():

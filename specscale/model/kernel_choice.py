@@ -24,13 +24,10 @@ import math
 import os
 import statistics
 import tempfile
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
-
-import torch
 
 from specscale.config import KERNEL_MODES
 from specscale.model import cpu_kernels
@@ -69,6 +66,7 @@ class AttentionShape:
 
 
 ATTENTION_PATHS = ("cpp", "torch")  # the C++ kernels (model/cpu_kernels.py) or gather + SDPA
+ATTENTION_MARGIN = 2.0  # torch replaces the C++ kernels only when it measures this many times faster
 # the batches attention is timed on: 32 decode rows on 256-token contexts; 8 x 128 new tokens on 256 cached
 DECODE_ROWS, PREFILL_ROWS, NEW_TOKENS, CONTEXT_TOKENS, BLOCK_TOKENS = 32, 8, 128, 256, 16
 AttentionTimer = Callable[[AttentionShape, str], dict[str, float]]
@@ -104,8 +102,9 @@ def forced_path(mode: str, candidates: tuple[str, ...]) -> str:
 class KernelChoice:
     """Picks each linear's path (see the module docstring); one per loaded model.
 
-    timer: (shape, paths, buckets) -> path -> rows -> seconds (default: `time_paths`, a real measurement;
-    tests inject one); attention_timer: (shape, "decode" | "prefill") -> {"cpp": s, "torch": s}.
+    timer: (shape, paths, buckets) -> path -> rows -> seconds; attention_timer: (shape, "decode" | "prefill")
+    -> {"cpp": s, "torch": s}. The real ones are model/kernel_timing.py's (`measured_choice`); tests inject
+    theirs; without one only the cache can answer.
     cache_dir: where the per-machine file lives (default: beside the compiled C++ extension)."""
 
     def __init__(self, mode: str = "auto", fingerprint: MachineFingerprint | None = None,
@@ -116,8 +115,8 @@ class KernelChoice:
         self.mode = mode
         self.fingerprint = fingerprint or MachineFingerprint.current()
         self.cache_file = (cache_dir or cpu_kernels.build_directory()) / f"kernel-choice-{self.fingerprint.key}.json"
-        self.timer = timer or time_paths
-        self.attention_timer = attention_timer or time_attention
+        self.timer = timer or unmeasured
+        self.attention_timer = attention_timer or unmeasured
         self.times = self._load()  # "shape key|path|rows" -> seconds
         self.timings_taken = 0  # timer calls in this process: 0 when every shape came from the cache
         self.chosen: dict[str, str] = {}  # "shape key[ tied]" -> path
@@ -141,15 +140,18 @@ class KernelChoice:
         return path
 
     def attention_path(self, shape: AttentionShape, kind: str) -> str:
-        """"cpp" or "torch" for decode or prefill attention (kind), whichever is faster here (cached like the
-        linears; the C++ kernels must have built, and for prefill support the head size)."""
+        """"cpp" or "torch" for decode or prefill attention (kind): the C++ kernel unless torch measures
+        ATTENTION_MARGIN times faster here (cached like the linears; the kernels must have built, and for
+        prefill support the head size). The decode choice carries the fused norm / RoPE / activation ops."""
         entry = lambda path: f"{kind} attention {shape.key}|{path}"  # noqa: E731
         if not all(entry(path) in self.times for path in ATTENTION_PATHS):
             measured = self.attention_timer(shape, kind)
             self.times.update({entry(path): measured[path] for path in ATTENTION_PATHS})
             self.timings_taken += len(ATTENTION_PATHS)
             self._save()
-        path = min(ATTENTION_PATHS, key=lambda p: self.times[entry(p)])
+        # the C++ kernels unless torch is clearly faster: one stalled timing must not switch off every fused op
+        faster = self.times[entry("torch")] * ATTENTION_MARGIN < self.times[entry("cpp")]
+        path = "torch" if faster else "cpp"
         self.chosen[f"{kind} attention {shape.key}"] = path
         return path
 
@@ -190,119 +192,13 @@ class KernelChoice:
         return f"kernels {self.mode}: linears {uses or 'none'} ({source}) on {self.fingerprint.describe()}"
 
 
-# ---- the measurement ---------------------------------------------------------------------------------
-_eviction: list[torch.Tensor] = []  # one buffer of twice the last-level cache, made on first use
+def describe_paths(report: dict) -> str:
+    """An engine's kernels() report in one line: "kernels auto: linears ours x97, attention cpp, prefill
+    attention cpp" (the start-up log, the benchmark headers)."""
+    linears = ", ".join(f"{path} x{count}" for path, count in report.get("linear_paths", {}).items())
+    return (f"kernels {report.get('mode', '-')}: linears {linears or 'plain'}, attention {report['attention']}, "
+            f"prefill attention {report['prefill_attention']}")
 
 
-def last_level_cache_bytes() -> int:
-    path = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
-    text = path.read_text().strip() if path.is_file() else "32768K"
-    scale = {"K": 2**10, "M": 2**20}.get(text[-1], 1)
-    return int(text.rstrip("KM")) * scale
-
-
-def evict_caches() -> None:
-    """Read twice the last-level cache's bytes (read, not written: dirty lines would have to be written back
-    during the timed call, taking memory bandwidth from it)."""
-    if not _eviction:
-        _eviction.append(torch.ones(2 * last_level_cache_bytes() // 4, dtype=torch.float32))
-    _eviction[0].sum()
-
-
-@torch.inference_mode()
-def time_paths(shape: LinearShape, paths: tuple[str, ...], buckets: tuple[int, ...]) -> dict[str, dict[int, float]]:
-    """path -> rows -> seconds of one call of a random weight of `shape`, the caches evicted before each call.
-
-    Bucket by bucket, the paths' calls are interleaved: each round times every path once (after one untimed
-    round), for at least MIN_ROUNDS and at most MAX_ROUNDS rounds or until BUCKET_BUDGET_S is spent, and a
-    path's time is its fastest round. On a shared machine a parallel call whose thread is descheduled waits
-    a whole time slice (~10 ms): the fastest of many interleaved rounds is the one such stalls missed."""
-    layers = {path: linear_on_path(shape, path) for path in paths}
-    times: dict[str, dict[int, float]] = {path: {} for path in paths}
-    for rows in buckets:
-        x = torch.randn(rows, shape.in_features).to(getattr(torch, shape.dtype))  # [rows, in]
-        calls: dict[str, list[float]] = {path: [] for path in paths}
-        start = time.perf_counter()
-        for round_ in range(MAX_ROUNDS + 1):
-            for path in paths:
-                calls[path].append(timed_call(layers[path], x))
-            if round_ >= MIN_ROUNDS and time.perf_counter() - start > BUCKET_BUDGET_S:
-                break
-        for path in paths:
-            times[path][rows] = min(calls[path][1:])
-    return times
-
-
-def timed_call(layer, x: torch.Tensor) -> float:
-    evict_caches()
-    start = time.perf_counter()
-    layer(x)
-    return time.perf_counter() - start
-
-
-def linear_on_path(shape: LinearShape, path: str):
-    """A Linear of `shape` with random weights, laid out for `path`."""
-    from specscale.model.transformer import Linear  # the layer is the thing measured; it imports this module
-
-    with torch.device("meta"):
-        linear = Linear(shape.in_features, shape.out_features, bias=shape.bias, dtype=getattr(torch, shape.dtype))
-    linear = linear.to_empty(device="cpu")
-    with torch.no_grad():
-        linear.weight.normal_(0.0, 0.02)
-        if shape.bias:
-            linear.bias.normal_(0.0, 0.02)
-    linear.prepack(path)
-    return linear
-
-
-@torch.inference_mode()
-def time_attention(shape: AttentionShape, kind: str) -> dict[str, float]:
-    """Seconds of one decode (DECODE_ROWS rows) or prefill (PREFILL_ROWS x NEW_TOKENS) attention call on
-    CONTEXT_TOKENS-token contexts, per path: the fastest of interleaved rounds, as time_paths."""
-    calls = decode_calls(shape) if kind == "decode" else prefill_calls(shape)
-    times: dict[str, list[float]] = {path: [] for path in calls}
-    start = time.perf_counter()
-    for round_ in range(MAX_ROUNDS + 1):
-        for path, call in calls.items():
-            evict_caches()
-            began = time.perf_counter()
-            call()
-            times[path].append(time.perf_counter() - began)
-        if round_ >= MIN_ROUNDS and time.perf_counter() - start > BUCKET_BUDGET_S:
-            break
-    return {path: min(taken[1:]) for path, taken in times.items()}
-
-
-def random_caches(shape: AttentionShape, rows: int, tokens: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """K and V caches of `rows` sequences of `tokens` tokens each, and their block tables [rows, blocks] int32."""
-    blocks = tokens // BLOCK_TOKENS
-    dtype = getattr(torch, shape.dtype)
-    caches = [torch.randn(rows * blocks, BLOCK_TOKENS, shape.kv_heads, shape.head_dim).to(dtype) for _ in range(2)]
-    return caches, torch.arange(rows * blocks, dtype=torch.int32).view(rows, blocks)
-
-
-def decode_calls(shape: AttentionShape) -> dict[str, Callable[[], torch.Tensor]]:
-    from specscale.model.attention import decode_attention  # the thing measured
-
-    (key_cache, value_cache), tables = random_caches(shape, DECODE_ROWS, CONTEXT_TOKENS)
-    q = torch.randn(DECODE_ROWS, shape.heads, shape.head_dim).to(getattr(torch, shape.dtype))  # [B, H, D]
-    lens = torch.full((DECODE_ROWS,), CONTEXT_TOKENS, dtype=torch.int32)
-    scale = shape.head_dim**-0.5
-    return {"cpp": lambda: decode_attention(q, key_cache, value_cache, tables, lens, scale, True),
-            "torch": lambda: decode_attention(q, key_cache, value_cache, tables.long(), lens.long(), scale, False)}
-
-
-def prefill_calls(shape: AttentionShape) -> dict[str, Callable[[], torch.Tensor]]:
-    from specscale.model.attention import AttentionMetadata, padded_prefill_metadata, prefill_attention
-
-    (key_cache, value_cache), tables = random_caches(shape, PREFILL_ROWS, CONTEXT_TOKENS + NEW_TOKENS)
-    q = torch.randn(PREFILL_ROWS * NEW_TOKENS, shape.heads, shape.head_dim).to(getattr(torch, shape.dtype))
-    starts, counts = torch.full((PREFILL_ROWS,), CONTEXT_TOKENS), torch.full((PREFILL_ROWS,), NEW_TOKENS)
-    common = {"slot_mapping": starts, "num_decode_tokens": 0, "decode_block_tables": None, "decode_context_lens": None}
-    kernel = AttentionMetadata(**common, prefill_block_tables=tables, prefill_mask=None, prefill_query_index=None,
-                               prefill_query_len=0, prefill_starts=starts, prefill_counts=counts,
-                               use_cpu_kernels=True, use_prefill_kernel=True)
-    padded = AttentionMetadata(**common, **padded_prefill_metadata(tables.long(), starts, counts, BLOCK_TOKENS))
-    scale = shape.head_dim**-0.5
-    return {"cpp": lambda: prefill_attention(q, key_cache, value_cache, kernel, scale),
-            "torch": lambda: prefill_attention(q, key_cache, value_cache, padded, scale)}
+def unmeasured(*args):
+    raise ValueError("this KernelChoice has no timer and the cache lacks the timing (model/kernel_timing.py)")

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from specscale.model.kernel_choice import KernelChoice
+from specscale.model.kernel_timing import measured_choice
 from specscale.model.transformer import ModelArgs, TransformerForCausalLM, TransformerForProcessReward
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu", max_p
     model = model.to_empty(device=device)
     _load_weights(model, path, torch_dtype)
     model.tie_weights()
-    model.kernel_choice = kernels if isinstance(kernels, KernelChoice) else KernelChoice(kernels)
+    model.kernel_choice = kernels if isinstance(kernels, KernelChoice) else measured_choice(kernels)
     model.prepack_linears(model.kernel_choice)
     log.info("%s: %s", path.name, model.kernel_choice.describe())
     model.build_rotary(max_positions or args.max_position_embeddings)

@@ -253,9 +253,13 @@ class Linear(nn.Linear):
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> weight rows [T, in], read from whichever layout holds the weight ("ours" or "torch")."""
-        if self.packed_bf16 is not None:
-            columns = self.packed_bf16.shape[2]  # packed[b, k // 2, c, k % 2] = W[b * columns + c, k]
-            return self.packed_bf16[ids // columns, :, ids % columns].reshape(ids.shape[0], self.in_features)
+        if self.packed_bf16 is not None:  # packed[b, p, c, :] = W[b * columns + c, 2p : 2p + 2], one 32-bit word
+            _, pairs, columns, _ = self.packed_bf16.shape
+            words = self.packed_bf16.view(torch.int32).view(-1)  # [blocks * pairs * columns]
+            first = (ids // columns) * (pairs * columns) + ids % columns  # [T] word of (row, pair 0)
+            index = first[:, None] + torch.arange(pairs, device=ids.device)[None, :] * columns  # [T, pairs]
+            rows = words.index_select(0, index.view(-1))  # a flat index_select: ~15x faster than words[index]
+            return rows.view(torch.bfloat16).view(ids.shape[0], self.in_features)  # [T, in]
         return F.embedding(ids, self.weight)
 
 
