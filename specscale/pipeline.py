@@ -19,7 +19,7 @@ from specscale.config import EngineConfig, SearchConfig
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.engine.engine import Engine
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
-from specscale.row_budget import checkpoint_row_budget, hardware_profile_for
+from specscale.sim.row_budget import checkpoint_row_budget, hardware_profile_for
 from specscale.search.backend import GeneratorBackend, VerifierBackend
 from specscale.search.engine_backend import EngineBackend
 from specscale.search.runtime import SearchRequest, SearchRuntime
@@ -48,7 +48,7 @@ class PipelineConfig:
     prm_kv_gb: float = 1.0
     max_num_seqs: int = 512
     spare_rows: int | None = None  # speculative rows fill an iteration up to this many; None: the device's
-    # budget from its cost model (row_budget.py), unbounded on a device without a profile
+    # budget from its cost model (sim/row_budget.py), unbounded on a device without a profile
     max_concurrency: int = 32
     lv_threshold_tokens: int | None = None
     system_prompt: str = TOY_GENERATOR_SYSTEM_PROMPT
@@ -97,7 +97,7 @@ class Pipeline:
                              lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold_tokens, **options)
 
     def _spare_rows(self) -> int | None:
-        """The speculative row budget: the config's, else the device's (row_budget.py)."""
+        """The speculative row budget: the config's, else the device's (sim/row_budget.py)."""
         config = self.config
         if config.spare_rows is not None:
             return config.spare_rows

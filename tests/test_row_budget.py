@@ -1,11 +1,11 @@
-"""The speculative row budget (row_budget.py): derived from the device's cost model, the same code on the real
+"""The speculative row budget (sim/row_budget.py): derived from the device's cost model, the same code on the real
 engine and the simulator; and speculative rows ranked by their parent's survival chance (search/search.py)."""
 
 import pytest
 
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.pipeline import Pipeline, PipelineConfig
-from specscale.row_budget import hardware_profile_for, speculative_row_budget
+from specscale.sim.row_budget import hardware_profile_for, speculative_row_budget
 from specscale.search.presets import preset_config
 from specscale.search.protocol import Expand, ScoresArrived, SetPriority, StepFinished, Verify
 from specscale.search.search import SPECULATION_BAND, Search

@@ -15,7 +15,7 @@ from specscale.config import EngineConfig, SearchConfig
 from specscale.engine.engine import Engine
 from specscale.search.backend import GeneratorBackend, VerifierBackend
 from specscale.search.engine_backend import EngineBackend
-from specscale.row_budget import speculative_row_budget
+from specscale.sim.row_budget import speculative_row_budget
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
 from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel, kv_capacity
@@ -40,7 +40,7 @@ class SimulationConfig:
     workload None takes `workload.preset(dataset, generator, prm)`. prm_format None follows the PRM's
     architecture. generator_kv_blocks / prm_kv_blocks None size the pools from memory (prm_kv_share of
     the KV memory goes to the PRM). spare_rows None takes the device's speculative row budget
-    (row_budget.py). The engine settings match `Pipeline`'s."""
+    (sim/row_budget.py). The engine settings match `Pipeline`'s."""
 
     hardware: str = "a100-80gb"
     generator: str = "qwen2.5-7b-instruct"
@@ -121,7 +121,7 @@ class Simulation:
                              lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold(), **options)
 
     def spare_rows(self) -> int:
-        """The speculative row budget: the config's, else the simulated device's (row_budget.py)."""
+        """The speculative row budget: the config's, else the simulated device's (sim/row_budget.py)."""
         if self.config.spare_rows is not None:
             return self.config.spare_rows
         return speculative_row_budget(self.cost_model, self.generator_profile, self.config.max_num_seqs)
