@@ -143,7 +143,7 @@ def prefill_flops_per_token(shape: Shape, tokens: int) -> float:
 
 
 # ---- our engine ------------------------------------------------------------------------------------
-def build_engine(model: str, dtype: str, kv_gb: float, kernels: str) -> Engine:
+def build_engine(model: str, dtype: str, kv_gb: float, kernels: str = "auto") -> Engine:
     return Engine(EngineConfig(model=model, dtype=dtype, kv_cache_memory_gb=kv_gb, max_num_batched_tokens=BATCHED_TOKENS,
                                max_num_seqs=MAX_SEQS, enable_prefix_caching=False, kernels=kernels))
 
