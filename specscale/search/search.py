@@ -325,14 +325,7 @@ class Search:
         """A score arrived in round rd: re-rank the live speculative children of its candidates."""
         if rd.index + 1 >= len(self.rounds):
             return []
-        changed: dict[int, list[int]] = {}
-        for e in self.rounds[rd.index + 1].expansions:
-            if e.live and not e.lookahead and e.priority < 0:
-                p = self._priority(e)
-                if p != e.priority:
-                    e.priority = p
-                    changed.setdefault(p, []).append(e.id)
-        return [SetPriority(tuple(ids), p) for p, ids in changed.items()]
+        return self._reprioritize(self.rounds[rd.index + 1].expansions)
 
     def _speculate(self, c: Candidate, time: float) -> list:
         if c.children or c.round >= self.last_round:
@@ -393,9 +386,10 @@ class Search:
                     actions += self._drop([c])
         return actions + ([] if e.keep_left else self._stop_generating(e))
 
-    def _reprioritize(self) -> list:
+    def _reprioritize(self, expansions=None) -> list:
+        """SetPriority for the live expansions (default: all) whose priority changed."""
         changed: dict[int, list[int]] = {}
-        for e in self.expansions.values():
+        for e in self.expansions.values() if expansions is None else expansions:
             if e.live and not e.lookahead:
                 p = self._priority(e)
                 if p != e.priority:
