@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from specscale.bench.common import fresh_runtime, markdown_table, paired_seed, run_batch
+from specscale_lab.bench.common import fresh_runtime, markdown_table, paired_seed, run_batch
 from specscale.search.presets import preset_config
 from specscale.sim.simulation import Simulation, SimulationConfig
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from specscale.bench.common import fresh_runtime, run_batch, search_requests, toy_workload
-from specscale.bench.stack import RealStack
+from specscale_lab.bench.common import fresh_runtime, run_batch, search_requests, toy_workload
+from specscale_lab.bench.stack import RealStack
 from specscale.pipeline import Pipeline, PipelineConfig
 
 

@@ -38,7 +38,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from specscale.tasks.toy import toy_problems  # noqa: E402
+from specscale_lab.tasks.toy import toy_problems  # noqa: E402
 
 SEARCH = {"preset": "specscale", "beam_size": 8, "beam_width": 4, "max_rounds": 8}
 

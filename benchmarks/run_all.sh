@@ -15,7 +15,7 @@ OUT=${OUT:-docs/bench}
 THREADS=${THREADS:-2}
 MODE=("$@")
 
-busy=$(python -c "from specscale.bench.common import other_cpu_busy; print(f'{other_cpu_busy():.2f}')")
+busy=$(python -c "from specscale_lab.bench.common import other_cpu_busy; print(f'{other_cpu_busy():.2f}')")
 if [[ "${FORCE:-0}" != 1 ]] && awk -v b="$busy" 'BEGIN { exit !(b > 0.15) }'; then
     echo "other processes keep $busy of the CPUs busy: wait, or set FORCE=1 to measure anyway" >&2
     exit 1

@@ -1,7 +1,7 @@
 """The simulator against real CPU runs of the bundled toy models (docs/simulator.md, "Validation on the CPU").
 
 Before the simulator's paper-scale numbers are worth anything, it must predict what this machine does:
-the fitted CPU profile (`specscale.sim.cpu_fit`) and a workload fitted from a recorded trace of the
+the fitted CPU profile (`specscale_lab.calibration.cpu_fit`) and a workload fitted from a recorded trace of the
 bundled models drive the real search, runtime, scheduler and block manager on the virtual clock, with the
 settings a real `specscale bench throughput` / `latency` run recorded in its summary.json, and the two
 are put side by side, cell by cell. Three sub-commands:
@@ -34,15 +34,15 @@ from pathlib import Path
 
 import torch
 
-from specscale.bench.common import fresh_runtime, markdown_table, paired_seed, run_batch, toy_workload
-from specscale.bench.latency import arrival_times, latency_numbers
+from specscale_lab.bench.common import fresh_runtime, markdown_table, paired_seed, run_batch, toy_workload
+from specscale_lab.bench.latency import arrival_times, latency_numbers
 from specscale.cli import build_parser
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.search.presets import preset_config
-from specscale.sim.cpu_fit import fit_cpu_profile
+from specscale_lab.calibration.cpu_fit import fit_cpu_profile
 from specscale.sim.simulation import Simulation, SimulationConfig
-from specscale.sim.calibrate import top_token_prob
-from specscale.sim.trace import (
+from specscale_lab.calibration.calibrate import top_token_prob
+from specscale_lab.calibration.trace import (
     TraceHeader, TraceRequest, common_prefix_ratio, fit_workload, read_trace, trace_request, write_trace,
 )
 from specscale.sim.workload import TOY, WorkloadParams
@@ -383,7 +383,7 @@ def build_argument_parser() -> argparse.ArgumentParser:
     fitting.add_argument("--characterize", required=True, help="specscale bench characterize's summary.json")
     fitting.add_argument("--profile-prm", default=None, help="specscale profile-prm's JSON")
     fitting.add_argument("--low-load", nargs="+", default=(),
-                         help="characterize summary.json files at one request in flight: the fixed costs (sim/cpu_fit.py)")
+                         help="characterize summary.json files at one request in flight: the fixed costs (specscale_lab/calibration/cpu_fit.py)")
     fitting.add_argument("--trace", required=True, help="the trace `trace` recorded")
     fitting.add_argument("--out", required=True, help="folder for cpu.json and toy-workload.json")
     comparing = sub.add_parser("compare", help="simulate real runs and put them side by side")

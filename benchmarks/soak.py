@@ -45,7 +45,7 @@ import openai
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from specscale.search.presets import PRESETS  # noqa: E402
-from specscale.tasks.toy import toy_problems  # noqa: E402
+from specscale_lab.tasks.toy import toy_problems  # noqa: E402
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 SEARCH = {"beam_size": 8, "beam_width": 4, "max_rounds": 6}  # a search of a second or so on the toy models

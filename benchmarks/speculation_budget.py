@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from specscale.bench.common import (
+from specscale_lab.bench.common import (
     fresh_runtime, markdown_table, run_batch, search_requests, serving_numbers,
 )
 from specscale.sim.simulation import Simulation, SimulationConfig

@@ -1,6 +1,6 @@
 """The backends the search and runtime suite runs on, behind one fixture (`search_backend` in conftest):
 
-- "scripted": `sim/scripted_generator.py` + `sim/scripted_verifier.py` on a virtual clock (exact, instant);
+- "scripted": `tests/scripted_generator.py` + `tests/scripted_verifier.py` on a virtual clock (exact, instant);
 - "toy": the real `Engine` and `Verifier` on the bundled toy models (wall clock);
 - "simulated": the real `Engine` and `Verifier` on the simulator's runners (docs/simulator.md), virtual clock.
 
@@ -17,10 +17,10 @@ from specscale.config import SearchConfig
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
-from specscale.sim.scripted_generator import ScriptedGenerator, seeded_step
-from specscale.sim.scripted_verifier import ScriptedVerifier
+from scripted_generator import ScriptedGenerator, seeded_step
+from scripted_verifier import ScriptedVerifier
 from specscale.sim.simulation import Simulation, SimulationConfig
-from specscale.tasks.toy import toy_problems
+from specscale_lab.tasks.toy import toy_problems
 
 PROMPT = (1, 2, 3, 4, 5)
 SCRIPTED_LV_THRESHOLD = 40

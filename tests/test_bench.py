@@ -10,11 +10,11 @@ import pytest
 import torch
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 
-from specscale.bench import SUBCOMMANDS
-from specscale.bench.accuracy import paired_difference
-from specscale.bench.characterize import linear_fit, shared_tokens
-from specscale.bench.common import LADDER, command_line, interleaved, median_summary, paired_seed, percentile
-from specscale.bench.latency import arrival_times, sustainable_rate
+from specscale_lab.bench import SUBCOMMANDS
+from specscale_lab.bench.accuracy import paired_difference
+from specscale_lab.bench.characterize import linear_fit, shared_tokens
+from specscale_lab.bench.common import LADDER, command_line, interleaved, median_summary, paired_seed, percentile
+from specscale_lab.bench.latency import arrival_times, sustainable_rate
 from specscale.cli import build_parser, main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -52,7 +52,7 @@ def run_quick(command: str, models, out, *extra) -> dict:
 
 
 def test_full_runs_cover_the_baselines():
-    from specscale.bench import accuracy, throughput
+    from specscale_lab.bench import accuracy, throughput
 
     assert {"dvts", "fasttts", "fasttts-xb", "beam+cd", "ep+cd", "specscale"} <= set(accuracy.FULL["variants"])
     assert {"fasttts", "fasttts-xb"} <= set(throughput.FULL["variants"])  # best-of-n: accuracy's reference
@@ -116,7 +116,7 @@ def test_characterize_quick(models, tmp_path):
     assert shares == pytest.approx(1.0, abs=0.02)
     assert cell["verifier_calls"] > 0 and cell["iterations"] > 0 and cell["prm_tokens_per_s"] > 0
     assert 0 < cell["physical_to_logical"] <= 1
-    assert cell["live_sequences_mean"] >= cell["rows_per_iteration_mean"] > 0  # what sim/cpu_fit.py splits by
+    assert cell["live_sequences_mean"] >= cell["rows_per_iteration_mean"] > 0  # what specscale_lab/calibration/cpu_fit.py splits by
     waiting = summary["waiting_batch_size_1"]
     assert 0 <= waiting["overall"] <= 1 and waiting["by_events"]
     prefix = summary["common_prefix"]
@@ -207,7 +207,7 @@ def test_median_summary_and_command_line():
 
 
 def test_only_variants_that_promise_beams_paths_are_held_to_the_pairing_target():
-    from specscale.bench.accuracy import promises_beams_paths
+    from specscale_lab.bench.accuracy import promises_beams_paths
 
     held = {v for v in (*LADDER, "fasttts-db", "dvts", "best-of-n", "single-sample") if promises_beams_paths(v)}
     assert held == {"beam", "beam+cd", "beam+cd+lv", "naive-spec", "ep-strict", "ep", "ep+cd", "specscale"}

@@ -5,8 +5,8 @@ child of a CD row samples from its own seeded lane, so `beam+cd` returns `beam`'
 import pytest
 from engine_helpers import serving_pipeline
 
-from specscale.bench.common import fresh_runtime, run_batch, search_requests, toy_workload
-from specscale.bench.stack import RealStack
+from specscale_lab.bench.common import fresh_runtime, run_batch, search_requests, toy_workload
+from specscale_lab.bench.stack import RealStack
 from specscale.pipeline import PipelineConfig
 
 

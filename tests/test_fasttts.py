@@ -14,8 +14,8 @@ from specscale.search.seeds import node_seed
 from specscale.search.tree import CandidateState
 from specscale.engine.block_manager import KVUsage
 from specscale.sim.clock import VirtualClock
-from specscale.sim.scripted_generator import EOS, NEWLINE, ScriptedGenerator
-from specscale.sim.scripted_verifier import ScriptedVerifier
+from scripted_generator import EOS, NEWLINE, ScriptedGenerator
+from scripted_verifier import ScriptedVerifier
 from specscale.verify.prm import ScoreResult
 
 PROMPT = [1, 2, 3, 4, 5]

@@ -15,9 +15,9 @@ from specscale.grading import DATASETS, AnswerGrader, extract_answer, load_probl
 from specscale.grading.datasets import DATA_DIR
 from specscale.grading.worker import KILL_GRACE_S
 from specscale.search.result import CompletedPath, votes
-from specscale.tasks.toy import extract_answer as toy_extract_answer
-from specscale.tasks.toy import toy_problems
-from specscale.tasks.toy_solutions import NO_SLIPS, render_solution
+from specscale_lab.tasks.toy import extract_answer as toy_extract_answer
+from specscale_lab.tasks.toy import toy_problems
+from specscale_lab.tasks.toy_solutions import NO_SLIPS, render_solution
 
 MATH500 = [json.loads(line) for line in (DATA_DIR / "math500" / "test.jsonl").open()]
 

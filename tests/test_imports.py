@@ -1,12 +1,15 @@
-"""No import cycles: every `specscale` import (module level or inside a function) read from the source,
-between packages (engine, model, search, verify, tasks, ...) and between modules."""
+"""No import cycles: every `specscale` / `specscale_lab` import (module level or inside a function) read from
+the source, between packages (engine, model, search, verify, bench, tasks, ...) and between modules; and the
+direction between the two: the serving system (`specscale`) never imports the lab (`specscale_lab`)."""
 
 import ast
 from pathlib import Path
 
 import specscale
+import specscale_lab
 
 ROOT = Path(specscale.__file__).parent
+LAB_ROOT = Path(specscale_lab.__file__).parent
 
 
 def module_name(path: Path) -> str:
@@ -15,19 +18,24 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The specscale modules a file imports (`from a.b import c` names a.b.c when c is a module)."""
+    return imports_in(path.read_text(), modules)
+
+
+def imports_in(source: str, modules: set[str]) -> set[str]:
+    """The specscale / specscale_lab modules a source imports (`from a.b import c` names a.b.c when c is a
+    module)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("specscale"):
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names} & modules
         elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("specscale.")}
+            found |= {alias.name for alias in node.names if alias.name.startswith("specscale")}
     return found
 
 
 def import_graph() -> dict[str, set[str]]:
-    paths = {module_name(p): p for p in ROOT.rglob("*.py")}
+    paths = {module_name(p): p for root in (ROOT, LAB_ROOT) for p in root.rglob("*.py")}
     modules = set(paths)
     return {name: imports_of(path, modules) - {name} for name, path in paths.items()}
 
@@ -80,11 +88,36 @@ def test_no_package_cycles():
     for module, targets in import_graph().items():
         package = package_of(module)
         packages.setdefault(package, set()).update(package_of(t) for t in targets if package_of(t) != package)
-    packages.pop("specscale", None)  # specscale/__init__.py
-    for targets in packages.values():
-        targets.discard("specscale")
+    for top in ("specscale", "specscale_lab"):  # the __init__.py files
+        packages.pop(top, None)
+        for targets in packages.values():
+            targets.discard(top)
     assert cycles(packages) == []
 
 
 def test_cycles_are_found():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def lab_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The system's modules that import the lab, with what they import from it."""
+    system = {name: targets for name, targets in graph.items() if is_system(name)}
+    found = {name: {t for t in targets if not is_system(t)} for name, targets in system.items()}
+    return {name: targets for name, targets in found.items() if targets}
+
+
+def is_system(module: str) -> bool:
+    return module == "specscale" or module.startswith("specscale.")
+
+
+def test_the_system_never_imports_the_lab():
+    graph = import_graph()
+    assert "specscale_lab.bench" in graph["specscale_lab.commands"]  # the walk sees the lab too
+    assert lab_imports(graph) == {}
+
+
+def test_a_lab_import_in_the_system_is_found():
+    planted = "import os\n\ndef f():\n    from specscale_lab.tasks.toy import toy_problems\n    import specscale_lab.bench\n"
+    modules: set[str] = set()
+    graph = {"specscale.cli": imports_in(planted, modules), "specscale_lab.commands": {"specscale.cli"}}
+    assert lab_imports(graph) == {"specscale.cli": {"specscale_lab.tasks.toy", "specscale_lab.bench"}}

@@ -11,8 +11,8 @@ from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
-from specscale.sim.scripted_generator import ScriptedGenerator
-from specscale.sim.scripted_verifier import ScriptedVerifier
+from scripted_generator import ScriptedGenerator
+from scripted_verifier import ScriptedVerifier
 
 THRESHOLD = 1000
 FIXED = FixedTriggers(THRESHOLD, max_deferrals=6, max_age_s=2.0)

@@ -6,8 +6,8 @@ from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
-from specscale.sim.scripted_generator import ScriptedGenerator
-from specscale.sim.scripted_verifier import ScriptedVerifier
+from scripted_generator import ScriptedGenerator
+from scripted_verifier import ScriptedVerifier
 
 NEVER = 10**9
 

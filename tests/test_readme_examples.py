@@ -24,7 +24,7 @@ import pytest
 from server_process import serving
 
 from specscale.cli import main as specscale_main
-from specscale.tasks.toy import MAX_OPS, MIN_OPS, extract_answer, toy_problems
+from specscale_lab.tasks.toy import MAX_OPS, MIN_OPS, extract_answer, toy_problems
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 QUESTION_FLAG = re.compile(r'--(?:question|prompt) "([^"]+)"')

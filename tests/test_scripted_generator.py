@@ -4,7 +4,7 @@ row writes the step its own lane seed scripts, and split rows say which lanes th
 from specscale.engine.sequence import SamplingParams
 from specscale.search.backend import SequenceState, StartSequence
 from specscale.sim.clock import VirtualClock
-from specscale.sim.scripted_generator import ScriptedGenerator, seeded_step
+from scripted_generator import ScriptedGenerator, seeded_step
 
 PROMPT = (1, 2, 3)
 PARAMS = SamplingParams(stop=("\n\n",))

@@ -7,7 +7,7 @@ import pytest
 from search_backends import SMALL, scripted_request, scripted_runtime
 
 from specscale.search.presets import PRESETS, preset_config
-from specscale.sim.scripted_generator import prefix_only_step, seeded_step
+from scripted_generator import prefix_only_step, seeded_step
 
 
 def logical_paths(result) -> list[tuple[str, int]]:

@@ -19,8 +19,8 @@ def test_solve_takes_filter_duplicates():
 
 def test_bench_and_eval_take_filter_duplicates():
     """Every bench sub-command and eval pass the flag on to each search's config."""
-    from specscale.bench.common import search_settings
-    from specscale.evaluation.command import search_config
+    from specscale_lab.bench.common import search_settings
+    from specscale_lab.evaluation.command import search_config
 
     bench = build_parser().parse_args(["bench", "throughput", "--out", "x", "--filter-duplicates"])
     assert search_settings(bench, 8)["filter_duplicates"] is True

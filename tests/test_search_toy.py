@@ -7,7 +7,7 @@ from engine_helpers import serving_pipeline
 
 from specscale.pipeline import PipelineConfig
 from specscale.search.presets import PRESETS, preset_config
-from specscale.tasks.toy import is_correct, toy_problems
+from specscale_lab.tasks.toy import is_correct, toy_problems
 
 PROBLEMS = toy_problems("test", 32, seed=7)
 

@@ -450,7 +450,7 @@ def test_metrics_are_prometheus_text_with_the_serving_series(server):
 
 
 def test_bench_serve_measures_a_running_server(server, tmp_path):
-    from specscale.bench.serve import run
+    from specscale_lab.bench.serve import run
 
     args = SimpleNamespace(url=server.url, rate=40.0, burstiness=0.5, num_requests=8, preset="ep+cd", beam_size=4,
                            beam_width=2, max_rounds=3, max_tokens=16, temperature=None, model=None, api_key=API_KEY,

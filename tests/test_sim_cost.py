@@ -11,7 +11,7 @@ from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.engine.sequence import Sequence
 from specscale.search.presets import preset_config
 from specscale.sim.cost import IterationWork, RooflineCostModel, bytes_moved, flops, host_seconds, kv_capacity
-from specscale.sim.cpu_fit import fit_cpu_profile
+from specscale_lab.calibration.cpu_fit import fit_cpu_profile
 from specscale.sim.hardware import HardwareProfile, bundled_hardware
 from specscale.sim.model_profile import ModelProfile, bundled_models
 from specscale.sim.simulation import Simulation, SimulationConfig
@@ -368,9 +368,9 @@ def test_cpu_profile_takes_the_fixed_costs_from_a_low_load_run(tmp_path):
 
 
 def test_cpu_fit_command_line_takes_a_low_load_summary(tmp_path):
-    """`python -m specscale.sim.cpu_fit --characterize LOADED --low-load ONE_IN_FLIGHT --out FILE` writes the
+    """`python -m specscale_lab.calibration.cpu_fit --characterize LOADED --low-load ONE_IN_FLIGHT --out FILE` writes the
     profile fitted from both and names both inputs."""
-    from specscale.sim.cpu_fit import main
+    from specscale_lab.calibration.cpu_fit import main
 
     loaded, low = low_load_summaries(tmp_path)
     out = tmp_path / "cpu.json"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from specscale.bench.common import fresh_runtime, run_batch
+from specscale_lab.bench.common import fresh_runtime, run_batch
 from specscale.engine.engine import Engine
 from specscale.search.presets import preset_config
 from specscale.sim.runner import SimulatedRunner

@@ -7,7 +7,7 @@ import pytest
 
 from specscale.search.presets import preset_config
 from specscale.sim.simulation import Simulation, SimulationConfig
-from specscale.sim.trace import (
+from specscale_lab.calibration.trace import (
     TraceHeader, TraceRequest, TraceStep, common_prefix_ratio, fit_workload, mann_whitney_auc, read_trace,
     split_steps, trace_request, write_trace,
 )

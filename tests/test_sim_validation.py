@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specscale.sim.trace import TraceRequest, TraceStep
+from specscale_lab.calibration.trace import TraceRequest, TraceStep
 from specscale.sim.workload import TOY
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sim_validation.py"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specscale.engine.sequence import Sequence
-from specscale.sim.calibrate import sibling_common_prefix, waiting_ratio
+from specscale_lab.calibration.calibrate import sibling_common_prefix, waiting_ratio
 from specscale.sim.problems import make_problems
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.synthetic_generator import SyntheticGenerator
@@ -174,9 +174,9 @@ def test_the_real_verifier_reads_the_simulated_scores(prm):
 def test_perfect_share_is_a_workload_option_of_specscale_simulate():
     """`--perfect-share 0.6` sets the simulated PRM's share of exact 1.0 scores among sound steps (the erred
     steps' share keeps its ratio to it) and says so in the workload's sources; without it the preset's 0.30."""
-    from specscale.bench.common import open_simulation
+    from specscale_lab.bench.common import open_simulation
     from specscale.cli import build_parser
-    from specscale.sim.workload_choice import choose_workload
+    from specscale_lab.calibration.workload_choice import choose_workload
 
     base = choose_workload("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b")
     assert base.prm.perfect_share_sound == 0.30

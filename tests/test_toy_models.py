@@ -8,8 +8,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
-from specscale.tasks import toy_stats
-from specscale.tasks.toy import (
+from specscale_lab.tasks import toy_stats
+from specscale_lab.tasks.toy import (
     PRM_STEP_TAG,
     TOY_GENERATOR_DIR,
     TOY_PRM_DIR,
@@ -19,7 +19,7 @@ from specscale.tasks.toy import (
     split_steps,
     toy_problems,
 )
-from specscale.tasks.toy_models import load_toy_models
+from specscale_lab.tasks.toy_models import load_toy_models
 from specscale.verify.hf_prm import Qwen2ForProcessRewardModel, prm_input_ids, score_batch
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<extra_0>")

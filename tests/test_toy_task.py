@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specscale.tasks.toy import (
+from specscale_lab.tasks.toy import (
     EVENT_WEIGHTS,
     MAX_OPS,
     MAX_VALUE,
@@ -24,8 +24,8 @@ from specscale.tasks.toy import (
     split_steps,
     toy_problems,
 )
-from specscale.tasks.toy_corrupt import corrupt_steps, wrong_number
-from specscale.tasks.toy_solutions import NO_SLIPS, SlipRates, needs_carry, render_solution, slipped_result
+from specscale_lab.tasks.toy_corrupt import corrupt_steps, wrong_number
+from specscale_lab.tasks.toy_solutions import NO_SLIPS, SlipRates, needs_carry, render_solution, slipped_result
 
 
 def _problem() -> ToyProblem:

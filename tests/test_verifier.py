@@ -15,7 +15,7 @@ from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
-from specscale.sim.scripted_generator import EOS, NEWLINE, ScriptedGenerator, seeded_step
+from scripted_generator import EOS, NEWLINE, ScriptedGenerator, seeded_step
 from specscale.verify import (
     QwenMathPRMFormat,
     RLHFlowFormat,

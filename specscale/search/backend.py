@@ -6,7 +6,7 @@ protocols only, never through an engine's objects, so the same runtime serves on
 
 - `search/engine_backend.py` `EngineBackend` over `engine/engine.py` `Engine` (a checkpoint, or the
   simulator's `SimulatedRunner`: docs/simulator.md) and `verify/prm.py` `Verifier`;
-- `sim/scripted_generator.py` / `sim/scripted_verifier.py`: scripted backends for exact tests;
+- `tests/scripted_generator.py` / `tests/scripted_verifier.py`: scripted backends for exact tests;
 - a remote backend, which only has to carry these operations and outputs: `scaleout/remote_verifier.py`
   `RemoteVerifier` scores through a PRM deployment on Ray Serve (docs/scale-out.md, disaggregated serving).
 

@@ -186,7 +186,7 @@ def wrong_answer_weights(params: WorkloadParams) -> np.ndarray:
 # ---- presets ------------------------------------------------------------------------------------------------
 REFERENCE_SOLUTIONS = ("reference solutions' statistics (median characters per step / 4 characters per token)"
                        " are a lower bound; generators following the '## Step N:' prompt write longer steps")
-TRACE_NOTE = "assumption until fitted from a trace (specscale.sim.trace.fit_workload)"
+TRACE_NOTE = "assumption until fitted from a trace (specscale_lab.calibration.trace.fit_workload)"
 
 DATASETS: dict[str, dict] = {
     "gsm8k": {

@@ -1,0 +1,177 @@
+"""`specscale bench throughput`: the ablation ladder under load (docs/BENCHMARKS.md).
+
+Per repeat, every (variant, beam size) cell serves the same toy problems with the same paired seeds,
+all requests issued at once with at most `--max-concurrency` in flight; the cells run one after the
+other in an order rotated from repeat to repeat. Reported per cell (medians over repeats): output
+tokens/s (tokens of the returned paths), answer tokens/s (the selected path's only), requests/s, correct
+answers/s, generated tokens/s, the time split, the share of generated tokens cancelled, and the PRM calls:
+how many, their median tokens, the requests each holds on average and why lazy batches were flushed.
+Speed-ups of `specscale` over `beam`, the controls, `naive-spec` and `fasttts`, in output tokens/s and in
+requests/s (variants return paths of different lengths), are the medians of the per-repeat ratios (both
+runs of a ratio come from the same repeat), checked against the issues' targets.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from specscale_lab.bench.cell_pool import CellPool, add_workers_argument, resolve_workers
+from specscale_lab.bench.common import (
+    LADDER, add_common_arguments, finish_info, flush_text, fresh_runtime, interleaved, markdown_table,
+    median_summary, new_figure, progress_bar, run_batch, search_requests, search_settings, serving_numbers,
+    start_run, write_outputs,
+)
+
+NAME = "throughput"
+FULL = {"problems": 64, "repeats": 3, "beam_sizes": [4, 8], "max_rounds": 40, "variants": list(LADDER)}
+QUICK = {"problems": 4, "repeats": 3, "beam_sizes": [4, 8], "max_rounds": 8, "variants": list(LADDER)}
+# (numerator, denominator, beam size, minimum ratio): the issue's targets
+TARGETS = (
+    ("specscale", "beam", 8, 1.35),
+    ("specscale", "beam", 4, 1.35),
+    ("specscale", "beam+cd", 8, 1.0),
+    ("specscale", "beam+cd", 4, 1.0),
+    ("specscale", "beam+cd+lv", 8, 1.0),
+    ("specscale", "beam+cd+lv", 4, 1.0),
+    ("specscale", "naive-spec", 8, 2.0),
+    ("specscale", "naive-spec", 4, 2.0),
+    ("specscale", "fasttts", 8, 1.8),
+    ("specscale", "fasttts", 4, 1.8),
+)
+TABLE_METRICS = (
+    ("output tok/s", "output_tokens_per_s"), ("answer tok/s", "answer_tokens_per_s"), ("req/s", "requests_per_s"),
+    ("correct/s", "correct_per_s"), ("generated tok/s", "generated_tokens_per_s"), ("accuracy", "accuracy"),
+    ("gen s", "generation_s"), ("PRM s", "verification_s"), ("other s", "other_s"),
+    ("cancelled share", "wasted_share"), ("PRM calls", "verifier_calls"),
+    ("PRM tok/call", "verifier_batch_tokens_median"), ("req/call", "verifier_batch_requests_mean"),
+    ("phys/log", "physical_to_logical"),
+)
+RATIO_METRICS = (("output tok/s", "output_tokens_per_s"), ("req/s", "requests_per_s"))
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(NAME, help="output-token throughput of the ablation ladder, all requests at once")
+    add_common_arguments(parser)
+    add_workers_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    stack, info, started = start_run(NAME, args, FULL, QUICK)
+    problems = stack.problems(args.problems)
+    cells = [(variant, n) for n in args.beam_sizes for variant in args.variants]
+    args.workers = resolve_workers(args, len(cells) * args.repeats)
+    runs = measure(stack, args, problems, cells)
+    stack.close()
+    results = summarize(runs, cells)
+    ratios = speedups(runs, args.repeats)
+    info = finish_info(info, started)
+    write_outputs(args.out, NAME, info, runs, results, report(results, ratios, args.beam_sizes),
+                  plot(results, args.variants, args.beam_sizes), {"speedups": ratios})
+    print(report(results, ratios, args.beam_sizes))
+    return 0
+
+
+def measure(stack, args, problems, cells) -> list[dict]:
+    """Every cell once per repeat, interleaved; one record per run. Simulated cells run each on a fresh
+    simulation, in `--workers` processes (bench/cell_pool.py); real ones one after the other on `stack`."""
+    runs = list(interleaved(cells, args.repeats))
+    with progress_bar(len(runs) * len(problems), NAME) as bar:
+        if args.backend == "sim":
+            return CellPool(args.workers).run(run_cell, args, runs, bar, label=cell_label, weight=cell_weight)
+        records = []
+        for run in runs:
+            bar.set_postfix_str(cell_label(run))
+            records.append(run_cell(stack, args, run, bar, problems))
+        return records
+
+
+def run_cell(stack, args, run: tuple[int, tuple[str, int]], progress, problems=None) -> dict:
+    """One repeat of one (variant, beam size) cell on `stack`: every problem issued at once."""
+    repeat, (variant, n) = run
+    problems = problems if problems is not None else stack.problems(args.problems)
+    requests = search_requests(stack, problems, variant, args.seed, **search_settings(args, n))
+    batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, progress)
+    return {"variant": variant, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems)}
+
+
+def cell_label(run: tuple[int, tuple[str, int]]) -> str:
+    repeat, (variant, n) = run
+    return f"repeat {repeat} {variant} N={n}"
+
+
+def cell_weight(run: tuple[int, tuple[str, int]]) -> float:
+    """Simulation work grows with the beam size: larger N first."""
+    return run[1][1]
+
+
+def summarize(runs: list[dict], cells) -> dict:
+    """results[variant][beam size] = medians over repeats, plus the per-repeat output tokens/s."""
+    results: dict = {}
+    for variant, n in cells:
+        mine = [r for r in runs if r["variant"] == variant and r["beam_size"] == n]
+        cell = median_summary(mine)
+        cell.pop("repeat", None)
+        cell["output_tokens_per_s_repeats"] = [r["output_tokens_per_s"] for r in mine]
+        results.setdefault(variant, {})[str(n)] = cell
+    return results
+
+
+def speedups(runs: list[dict], repeats: int) -> list[dict]:
+    """Each target's ratio in each of RATIO_METRICS: the median over repeats of numerator / denominator
+    within one repeat."""
+    out = []
+    for title, key in RATIO_METRICS:
+        rate = {(r["variant"], r["beam_size"], r["repeat"]): r[key] for r in runs}
+        for top, bottom, n, target in TARGETS:
+            per_repeat = [rate[(top, n, i)] / rate[(bottom, n, i)] for i in range(repeats)
+                          if (top, n, i) in rate and (bottom, n, i) in rate]
+            if per_repeat:
+                ratio = statistics.median(per_repeat)
+                out.append({"ratio": f"{top} / {bottom}", "metric": title, "beam_size": n, "median": ratio,
+                            "repeats": per_repeat, "target": target, "met": ratio >= target})
+    return out
+
+
+def report(results: dict, ratios: list[dict], beam_sizes: list[int]) -> str:
+    text = ""
+    for n in beam_sizes:
+        cells = [(variant, results[variant][str(n)]) for variant in results if str(n) in results[variant]]
+        rows = [[variant] + [cell[key] for _, key in TABLE_METRICS] + [flush_text(cell.get("flush_reasons"))]
+                for variant, cell in cells]
+        header = ["variant"] + [title for title, _ in TABLE_METRICS] + ["lazy flushes (median per run)"]
+        text += f"\n## N = {n} (medians over repeats)\n\n" + markdown_table(header, rows)
+    if ratios:
+        rows = [[r["ratio"], r["metric"], r["beam_size"], r["median"], min(r["repeats"]), max(r["repeats"]),
+                 f"≥ {r['target']}", "met" if r["met"] else "**missed**"] for r in ratios]
+        text += "\n## Targets (median of per-repeat ratios)\n\n"
+        text += markdown_table(["ratio", "metric", "N", "median", "min", "max", "target", ""], rows)
+    return text
+
+
+def plot(results: dict, variants: list[str], beam_sizes: list[int]):
+    figure, (speed, split) = new_figure(1, 2, width=7.0)
+    width = 0.8 / len(beam_sizes)
+    for j, n in enumerate(beam_sizes):
+        xs = [i + j * width for i in range(len(variants))]
+        cells = [results[v][str(n)] for v in variants]
+        low = [c["output_tokens_per_s"] - min(c["output_tokens_per_s_repeats"]) for c in cells]
+        high = [max(c["output_tokens_per_s_repeats"]) - c["output_tokens_per_s"] for c in cells]
+        speed.bar(xs, [c["output_tokens_per_s"] for c in cells], width, yerr=[low, high], label=f"N = {n}")
+    speed.set_xticks([i + width * (len(beam_sizes) - 1) / 2 for i in range(len(variants))], variants, rotation=45,
+                     ha="right")
+    speed.set_ylabel("output tokens / s (median, min–max)")
+    speed.legend()
+    n = max(beam_sizes)
+    bottom = [0.0] * len(variants)
+    parts = ("generation_s", "verification_s", "other_s")
+    totals = [sum(results[v][str(n)][part] for part in parts) for v in variants]
+    for part in parts:
+        share = [results[v][str(n)][part] / total for v, total in zip(variants, totals)]
+        split.bar(variants, share, bottom=bottom, label=part.removesuffix("_s"))
+        bottom = [b + s for b, s in zip(bottom, share)]
+    split.set_ylabel(f"share of wall time, N = {n}")
+    split.tick_params(axis="x", rotation=45)
+    split.legend()
+    return figure

@@ -1,0 +1,1 @@
+"""Calibration of the simulator from measurements: CPU cost fits, workload fits from traces."""

@@ -1,0 +1,182 @@
+"""`specscale eval`: PRM-guided search over a bundled math data set (MATH-500, GSM8K, OlympiadBench),
+graded with math-verify, for one or more presets and seeds.
+
+Each (preset, seed) is one batch through a fresh `SearchRuntime`, exactly as `specscale bench` runs
+them (many problems in flight, the PRM prefix cache emptied between batches); a problem's sampling seed
+is the bench's paired seed of its index in the data set, so presets differ only by their policies. The
+generator is prompted with search-and-learn's system prompt in its own chat template; the PRM reads the
+question and the steps in its own format. Each finished search is graded (its best answer and both
+votes against the gold answer) and appended to the results folder at once; a rerun of the same command
+skips what the folder holds (`specscale_lab.evaluation.results`). The final table: `specscale_lab.evaluation.report`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from specscale_lab.bench.common import (
+    DEFAULT_CONCURRENCY, add_model_arguments, finish_info, fresh_runtime, open_pipeline, paired_seed, run_batch,
+    run_info, str_list,
+)
+from specscale_lab.bench.stack import RealStack
+from specscale.config import SearchConfig
+from specscale_lab.evaluation.progress import Progress
+from specscale_lab.evaluation.report import markdown, summarize
+from specscale_lab.evaluation.results import ResultsFolder
+from specscale.grading import DATASETS, AnswerGrader, Problem, load_problems, shared_grader
+from specscale.search.presets import PRESETS, preset_config
+from specscale.search.result import SearchResult
+from specscale.prompts import MATH_SYSTEM_PROMPT
+
+NAME = "eval"
+GRADE_TIMEOUT_S = 5.0  # math-verify's default per comparison; a longer one counts as wrong
+INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT), as shells report it
+
+
+def add_eval(sub) -> None:
+    p = sub.add_parser(NAME, help="accuracy on MATH-500 / GSM8K / OlympiadBench with math-verify grading "
+                       "(resumable JSONL records, table with 95%% CIs)")
+    p.add_argument("--dataset", required=True, choices=sorted(DATASETS))
+    p.add_argument("--problems", type=int, default=None, help="the first N problems (default: all)")
+    p.add_argument("--preset", type=str_list, default=["specscale"],
+                   help="comma-separated presets, compared paired with the first (default: specscale)")
+    p.add_argument("--beam-size", type=int, default=8, help="N")
+    p.add_argument("--beam-width", type=int, default=4, help="M, children per retained path")
+    p.add_argument("--max-rounds", type=int, default=40)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--max-step-tokens", type=int, default=SearchConfig.max_step_tokens)
+    p.add_argument("--filter-duplicates", action="store_true",
+                   help="identical paths compete as one in selection (search-and-learn's recipes' option)")
+    p.add_argument("--seeds", type=int, default=1, help="sampling seeds per problem")
+    p.add_argument("--seed", type=int, default=0, help="first sampling seed")
+    p.add_argument("--system-prompt", default=None, help="generator system prompt (default: search-and-learn's)")
+    p.add_argument("--out", default=None, help="results folder (default: results/eval-<dataset>)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--max-concurrency", type=int, default=DEFAULT_CONCURRENCY, help="searches in flight at most")
+    add_model_arguments(p)
+    p.set_defaults(func=run_eval, quick=False)
+
+
+def run_eval(args) -> int:
+    check_arguments(args)
+    problems = load_problems(args.dataset, args.problems)
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    results = ResultsFolder(args.out or f"results/eval-{args.dataset}", settings(args))
+    grader = shared_grader()
+    pending = pending_cells(results, problems, args.preset, seeds)
+    started = time.perf_counter()
+    if not pending:
+        info = run_info(NAME, args, command="specscale")
+    else:
+        grader.start()  # math-verify's imports overlap the model loading
+        pipeline = open_pipeline(args, device=args.device, system_prompt=args.system_prompt or MATH_SYSTEM_PROMPT)
+        info = run_info(NAME, args, RealStack(pipeline), command="specscale")
+        try:
+            run_cells(pipeline, args, results, pending, grader)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: {len(results.records)} searches are in {results.path}; "
+                  "run the same command again to resume")
+            return INTERRUPTED
+        finally:
+            pipeline.close()
+    summary = summarize(results.records, results.batches, problems, args.preset, seeds)
+    info = dict(finish_info(info, started), grading=dataclasses.asdict(grader.stats), device=args.device)
+    text = report_markdown(info, summary, args)
+    results.write_summary({"run": info, "settings": settings(args), "results": summary}, text)
+    print(text)
+    return 0
+
+
+def check_arguments(args) -> None:
+    unknown = [p for p in args.preset if p not in PRESETS]
+    if unknown or not args.preset:
+        raise SystemExit(f"unknown preset(s) {unknown}; choose from {sorted(PRESETS)}")
+    if args.seeds < 1 or (args.problems is not None and args.problems < 1):
+        raise SystemExit(f"--seeds and --problems must be >= 1, got {args.seeds} and {args.problems}")
+    search_config(args, args.preset[0], 0)  # SearchConfig's own checks (beam size a multiple of width...)
+
+
+def settings(args) -> dict:
+    """What a record's meaning depends on; a results folder holds one setting only."""
+    return {"dataset": args.dataset, "generator": str(Path(args.generator).resolve()),
+            "prm": str(Path(args.prm).resolve()), "dtype": args.dtype, "beam_size": args.beam_size,
+            "beam_width": args.beam_width, "max_rounds": args.max_rounds, "temperature": args.temperature,
+            "max_step_tokens": args.max_step_tokens,
+            "filter_duplicates": args.filter_duplicates, "system_prompt": args.system_prompt or MATH_SYSTEM_PROMPT}
+
+
+def search_config(args, preset: str, seed: int) -> SearchConfig:
+    try:
+        return preset_config(preset, beam_size=args.beam_size, beam_width=args.beam_width, max_rounds=args.max_rounds,
+                             temperature=args.temperature, max_step_tokens=args.max_step_tokens, seed=seed,
+                             filter_duplicates=args.filter_duplicates)
+    except ValueError as error:
+        raise SystemExit(f"bad search settings: {error}") from None
+
+
+def pending_cells(results: ResultsFolder, problems: list[Problem], presets: list[str],
+                  seeds: list[int]) -> list[tuple[str, int, list[Problem]]]:
+    """(preset, seed, problems the folder lacks) in run order: seed by seed, so that an interrupted run
+    already holds every preset of its first seeds (paired comparisons need them all)."""
+    done = results.done()
+    cells = [(preset, seed, [p for p in problems if (preset, seed, p.problem_id) not in done])
+             for seed in seeds for preset in presets]
+    return [cell for cell in cells if cell[2]]
+
+
+def run_cells(pipeline, args, results: ResultsFolder, cells, grader: AnswerGrader) -> None:
+    with Progress(sum(len(todo) for _, _, todo in cells), NAME) as progress:
+        for preset, seed, todo in cells:
+            progress.note(f"{preset} seed {seed}")
+            run_cell(pipeline, args, results, preset, seed, todo, grader, progress)
+
+
+def run_cell(pipeline, args, results: ResultsFolder, preset: str, seed: int, todo: list[Problem],
+             grader: AnswerGrader, progress: Progress) -> None:
+    """One preset and seed over the problems it lacks; each search is recorded as it finishes."""
+    by_id = {f"{preset} seed={seed} {p.problem_id}": p for p in todo}
+    requests = [pipeline.request(p.question, search_config(args, preset, paired_seed(seed, p.index)), request_id)
+                for request_id, p in by_id.items()]
+
+    def record(request_id: str, result: SearchResult) -> None:
+        results.add_record(problem_record(by_id[request_id], preset, seed, result, grader))
+
+    runtime = fresh_runtime(pipeline, args.max_concurrency, on_finished=record)
+    try:
+        batch = run_batch(runtime, requests, progress)
+    except KeyboardInterrupt:
+        for request_id in by_id:  # frees the searches' KV at once; what is cancelled now is not a result
+            runtime.cancel(request_id, notify=False)
+        raise
+    results.add_batch({"preset": preset, "seed": seed, "searches": len(todo), "elapsed_s": batch.elapsed_s,
+                       "output_tokens": sum(r.usage.output_tokens for r in batch.results),
+                       "generated_tokens": sum(r.usage.generated_tokens for r in batch.results)})
+
+
+def problem_record(problem: Problem, preset: str, seed: int, result: SearchResult, grader: AnswerGrader) -> dict:
+    """One search, graded: the answer of its best path and both votes against the gold answer."""
+    answers = {"best": result.answer, "weighted_vote": result.weighted_vote, "majority_vote": result.majority_vote}
+    return {
+        "dataset": problem.dataset, "problem_id": problem.problem_id, "problem_index": problem.index,
+        "preset": preset, "seed": seed, "gold": problem.gold, "answer": result.answer,
+        "weighted_vote": result.weighted_vote, "majority_vote": result.majority_vote,
+        "correct": {kind: answer is not None and grader.equivalent(problem.gold, answer, GRADE_TIMEOUT_S)
+                    for kind, answer in answers.items()},
+        "paths": [{"answer": p.answer, "score": p.score, "copies": p.copies, "tokens": p.num_tokens}
+                  for p in result.paths],
+        "best_text": result.best.text if result.best else None,
+        "tokens": dataclasses.asdict(result.usage), "timings": dataclasses.asdict(result.timings),
+        "rounds": result.rounds, "error": result.error,
+    }
+
+
+def report_markdown(info: dict, summary: dict, args) -> str:
+    grading = info["grading"]
+    return (f"# specscale eval {args.dataset}\n\n```bash\n{info['command']}\n```\n\n"
+            f"commit `{info['git_commit']}`, {info['machine']['cpu']}, device {args.device}, "
+            f"{info.get('duration_s', 0.0):.0f} s this session. N = {args.beam_size}, M = {args.beam_width}, "
+            f"T = {args.temperature}, {args.max_rounds} rounds, {args.seeds} seed(s). Grading: math-verify, "
+            f"{grading['math_verify']} comparisons, {grading['timeouts']} timed out.\n\n"
+            + markdown(summary, args.preset[0]))
