@@ -45,8 +45,7 @@ Reference solutions (with the human-like slips the toy generator learns) are ren
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from specscale.defaults import ASSETS
 from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT, STEP_SEPARATOR, chat_messages
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT as GENERATOR_SYSTEM_PROMPT
 from specscale_lab.tasks.toy_check import first_error, label_steps
@@ -88,7 +87,7 @@ __all__ = [
     "toy_problems",
 ]
 
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+ASSETS_DIR = ASSETS  # the bundled checkpoints ship with the serving system (specscale/assets/)
 TOY_GENERATOR_DIR = ASSETS_DIR / "toy-generator"
 TOY_PRM_DIR = ASSETS_DIR / "toy-prm"
 
