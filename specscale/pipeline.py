@@ -2,13 +2,12 @@
 
 The CLI (`specscale solve`, `specscale bench`, `specscale eval`) and the server build their serving stack
 here, so they agree on defaults: the bundled toy models, served in their checkpoint dtype (bf16), on CPU.
-`sim/simulation.py` `Simulation` builds the same two backends on simulated models; both hand out
-runtimes through `runtime(...)`, so whatever drives a runtime runs on either.
+A `Pipeline` is a `stack.py` `Stack` on real checkpoints; `sim/simulation.py` `Simulation` is the same
+`Stack` on simulated models, with the device properties resolved by the same functions.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 
@@ -19,24 +18,19 @@ from specscale.config import EngineConfig, SearchConfig
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.engine.engine import Engine
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
-from specscale.sim.row_budget import checkpoint_row_budget, hardware_profile_for
-from specscale.search.backend import GeneratorBackend, VerifierBackend
-from specscale.search.engine_backend import EngineBackend
-from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.search.backend import VerifierBackend
+from specscale.search.runtime import SearchRequest
+from specscale.sim.model_profile import ModelProfile
+from specscale.sim.row_budget import device_cost_model, resolve_row_budget
+from specscale.stack import DeviceProperties, Stack
 from specscale.verify.prm import Verifier, VerifierConfig
-from specscale.verify.profile import load_lv_threshold
-
-logger = logging.getLogger(__name__)
-
-# When this PRM and device were never profiled: a 7-8B PRM's prefill on an A100 saturates near
-# 2,048 batch tokens (docs/BENCHMARKS.md, the PRM profile).
-DEFAULT_LV_THRESHOLD = 2048
+from specscale.verify.profile import load_lv_threshold, resolve_lv_threshold
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
     """generator / prm: local Hugging Face folders. lv_threshold_tokens None reads the profiler's file
-    (`specscale profile-prm`) for this PRM and device, else falls back to 2048. trust_special_tokens:
+    (`specscale profile-prm`) for this PRM and device, else falls back to 2048 (verify/profile.py). trust_special_tokens:
     special-token text in questions is read as control tokens (default: plain text; chat_text.py)."""
 
     generator: str = str(TOY_GENERATOR)
@@ -66,52 +60,30 @@ def build_verifier(config: PipelineConfig) -> Verifier:
     ), trust_special_tokens=config.trust_special_tokens))
 
 
-class Pipeline:
+def device_properties(config: PipelineConfig) -> DeviceProperties:
+    """The config's device properties, through the resolvers the simulated stack uses too (stack.py)."""
+    name = torch.cuda.get_device_name(config.device) if config.device.startswith("cuda") else None
+    generator = ModelProfile.load(config.generator, None if config.generator_dtype == "auto" else config.generator_dtype)
+    spare_rows = resolve_row_budget(config.spare_rows, device_cost_model(config.device, name), generator,
+                                    config.max_num_seqs)
+    lv_threshold = resolve_lv_threshold(config.lv_threshold_tokens, load_lv_threshold(config.prm, config.device))
+    return DeviceProperties(lv_threshold, spare_rows)
+
+
+class Pipeline(Stack):
     """verifier: a verifier served elsewhere (`scaleout/remote_verifier.py`, docs/scale-out.md), which must
     also carry the PRM's `format` and `max_input_tokens`; None builds the PRM verifier in this process."""
 
     def __init__(self, config: PipelineConfig = PipelineConfig(), clock=None, verifier: VerifierBackend | None = None):
         self.config = config
-        self.engine = Engine(EngineConfig(
+        device = device_properties(config)
+        engine = Engine(EngineConfig(
             model=config.generator, dtype=config.generator_dtype, device=config.device,
             kv_cache_memory_gb=config.generator_kv_gb, max_num_seqs=config.max_num_seqs, seed=config.seed,
-            spare_rows=self._spare_rows(), kernels=config.kernels,
+            spare_rows=device.spare_rows, kernels=config.kernels,
         ))
-        self.verifier = verifier or build_verifier(config)
-        self.lv_threshold_tokens = self._lv_threshold()
-        self.clock = clock or time.perf_counter
-
-    def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
-        """The generator engine and the verifier as the runtime sees them (a fresh id mapping each time)."""
-        return EngineBackend(self.engine), self.verifier
-
-    def runtime(self, max_concurrency: int | None = None, generator: GeneratorBackend | None = None,
-                verifier: VerifierBackend | None = None, lv_threshold_tokens: int | None = None,
-                **options) -> SearchRuntime:
-        """A runtime with fresh metrics over this pipeline's backends (or instrumented stand-ins for them);
-        lv_threshold_tokens None takes the pipeline's (a sweep sets its own); options: `SearchRuntime`'s
-        callbacks and keep_finished."""
-        own_generator, own_verifier = self.backends()
-        return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
-                             max_concurrency=max_concurrency or self.config.max_concurrency,
-                             lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold_tokens, **options)
-
-    def _spare_rows(self) -> int | None:
-        """The speculative row budget: the config's, else the device's (sim/row_budget.py)."""
-        config = self.config
-        if config.spare_rows is not None:
-            return config.spare_rows
-        name = torch.cuda.get_device_name(config.device) if config.device.startswith("cuda") else None
-        hardware = hardware_profile_for(config.device, name)
-        if hardware is None:
-            logger.warning("no cost profile for %s (%s): speculative rows may fill the batch", config.device, name)
-            return None
-        return checkpoint_row_budget(config.generator, config.generator_dtype, hardware, config.max_num_seqs)
-
-    def _lv_threshold(self) -> int:
-        if self.config.lv_threshold_tokens is not None:
-            return self.config.lv_threshold_tokens
-        return load_lv_threshold(self.config.prm, self.config.device) or DEFAULT_LV_THRESHOLD
+        super().__init__(engine, verifier or build_verifier(config), clock or time.perf_counter, device,
+                         config.max_concurrency)
 
     def kernels(self) -> dict:
         """The machine and the path of every hot path of each model (model/kernel_choice.py), as /health reports it."""
@@ -134,6 +106,3 @@ class Pipeline:
 
     def request(self, question: str, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
         return SearchRequest(question, self.prompt_ids(question), config, request_id)
-
-    def close(self) -> None:
-        self.verifier.close()

@@ -17,7 +17,8 @@ import socket
 from pathlib import Path
 
 from specscale.config import KERNEL_MODES
-from specscale.pipeline import DEFAULT_LV_THRESHOLD, PipelineConfig
+from specscale.pipeline import PipelineConfig
+from specscale.verify.profile import DEFAULT_LV_THRESHOLD
 from specscale.scaleout.command import add_ray_flags
 from specscale.search.presets import PRESETS
 from specscale.server.settings import ServerSettings

@@ -15,11 +15,9 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specscale.engine.block_manager import KVUsage
-from specscale.engine.sequence import SamplingParams
 from specscale.search.backend import (
-    AbortSequence, BranchSequence, PauseSequence, PrioritizeSequence, SequenceId, SequenceOp, SequenceState,
-    SequenceUpdate, StartSequence,
+    AbortSequence, BranchSequence, KVUsage, PauseSequence, PrioritizeSequence, SamplingParams, SequenceId,
+    SequenceOp, SequenceState, SequenceUpdate, StartSequence,
 )
 from specscale.sim.clock import VirtualClock
 

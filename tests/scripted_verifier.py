@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specscale.engine.block_manager import KVUsage
+from specscale.search.backend import KVUsage, ScoreRequest, ScoreResult
 from specscale.sim.clock import VirtualClock
 from scripted_generator import stable_hash
-from specscale.verify.prm import ScoreRequest, ScoreResult
 
 
 def hashed_score(question: str, steps: tuple[str, ...], perfect_rate: float = 0.0,

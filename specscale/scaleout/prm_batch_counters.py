@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from specscale.engine.block_manager import KVUsage
+from specscale.search.backend import KVUsage
 
 
 class PRMBatchCounters:

@@ -24,15 +24,15 @@ from collections.abc import Sequence
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError
 
-from specscale.engine.block_manager import KVUsage
 from specscale.model.loader import read_hf_config
 from specscale.model.transformer import ModelArgs
 from specscale.pipeline import PipelineConfig
+from specscale.search.backend import KVUsage, ScoreRequest, ScoreResult
 from specscale.scaleout.score_call import ScoreCall, ScoreReply
 from specscale.scaleout.scored_prefixes import ScoredPrefixes, fitting_input
 from specscale.tokenizer import Tokenizer
 from specscale.verify.formats import make_format
-from specscale.verify.prm import ScoreRequest, ScoreResult, VerifierConfig
+from specscale.verify.prm import VerifierConfig
 
 RETRY_DELAY_S = 0.2  # before the k-th re-send of a call: k times this, at most RETRY_DELAY_MAX_S
 RETRY_DELAY_MAX_S = 2.0

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specscale.engine.block_manager import KVUsage
-from specscale.verify.prm import ScoreRequest, ScoreResult
+from specscale.search.backend import KVUsage, ScoreRequest, ScoreResult
 
 
 @dataclass(frozen=True)

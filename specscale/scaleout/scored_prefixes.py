@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from specscale.verify.formats import PRMFormat, PRMInput, clean_steps
-from specscale.verify.prm import ScoreRequest, boundary_keys
+from specscale.search.backend import ScoreRequest
+from specscale.verify.prm import boundary_keys
 
 
 def fitting_input(prm_format: PRMFormat, max_input_tokens: int, request: ScoreRequest) -> PRMInput | None:

@@ -31,9 +31,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, Union
 
+# The seam's value types. They are defined beside the code that fills them (the engine's block manager and
+# sampler, the verifier) because the engine and the verifier must not import search/ (no package cycles:
+# tests/test_imports.py); everything on the other side of the seam (scaleout/, sim/, search/) takes them
+# from here.
 from specscale.engine.block_manager import KVUsage
 from specscale.engine.sequence import SamplingParams
+from specscale.verify.formats import PRMFormat
 from specscale.verify.prm import ScoreRequest, ScoreResult
+
+__all__ = [
+    "AbortSequence", "BranchSequence", "EndReason", "GeneratorBackend", "KVUsage", "PauseSequence",
+    "PrioritizeSequence", "SamplingParams", "ScoreRequest", "ScoreResult", "SequenceId", "SequenceOp",
+    "SequenceState", "SequenceUpdate", "StartSequence", "VerifierBackend",
+]
 
 SequenceId = int
 
@@ -164,3 +175,14 @@ class VerifierBackend(Protocol):
     @property
     def kv_usage(self) -> KVUsage:
         """The PRM's KV blocks in use (cached step prefixes included)."""
+
+    @property
+    def format(self) -> PRMFormat:
+        """How the PRM reads a question and its steps (the server checks a question fits with it)."""
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The PRM's context: the longest PRM input a path may have."""
+
+    def close(self) -> None:
+        """Release what the verifier holds (its engine, or its connection to a remote one)."""

@@ -47,6 +47,7 @@ from specscale.search.verification import VERIFICATIONS
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
 from specscale.prompts import STEP_SEPARATOR
 from specscale.verify.prm import ScoreRequest
+from specscale.verify.profile import DEFAULT_LV_THRESHOLD
 
 
 class SearchRuntime:
@@ -56,7 +57,7 @@ class SearchRuntime:
     on_round(request_id, Decision) after each decided round."""
 
     def __init__(self, generator: GeneratorBackend, verifier: VerifierBackend, clock=_time.perf_counter,
-                 max_concurrency: int = 32, lv_threshold_tokens: int = 2048,
+                 max_concurrency: int = 32, lv_threshold_tokens: int = DEFAULT_LV_THRESHOLD,
                  on_finished: Callable | None = None, on_round: Callable | None = None, keep_finished: bool = True):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")

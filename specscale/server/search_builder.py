@@ -23,6 +23,7 @@ from specscale.search.runtime import SearchRequest
 from specscale.server.errors import APIError
 from specscale.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from specscale.server.settings import ServerSettings
+from specscale.stack import Stack
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,13 @@ class SearchBuilder:
         self.prm_format = prm_format
         self.prm_context_tokens = prm_context_tokens
         self.settings = settings
+
+    @classmethod
+    def for_stack(cls, stack: Stack, system_prompt: str, settings: ServerSettings) -> SearchBuilder:
+        """The builder of a stack's models: the generator's tokenizer and context, the PRM's format and
+        context as the verifier seam carries them (search/backend.py)."""
+        return cls(stack.engine.tokenizer, system_prompt, stack.engine.max_model_len, stack.verifier.format,
+                   stack.verifier.max_input_tokens, settings)
 
     # ---- endpoints ------------------------------------------------------------------------------
     def chat(self, body: ChatCompletionRequest, request_id: str) -> PreparedSearch:

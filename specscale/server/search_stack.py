@@ -35,7 +35,5 @@ class SearchStack:
         metrics = ServerMetrics()
         engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s,
                                  model_memory=pipeline.model_memory, kernels=pipeline.kernels())
-        builder = SearchBuilder(pipeline.engine.tokenizer, pipeline.config.system_prompt,
-                                pipeline.engine.max_model_len, pipeline.verifier.format,
-                                pipeline.verifier.max_input_tokens, settings)
+        builder = SearchBuilder.for_stack(pipeline, pipeline.config.system_prompt, settings)
         return cls(pipeline, engine_loop, builder, metrics, settings)

@@ -1,7 +1,7 @@
 """The speculative row budget: how many rows a generator iteration may hold before one more row stops being
-nearly free on this device (docs/design.md, "Speculation"). A device property, derived in this one place
-from the device's cost model, for the real engine (`pipeline.py`) and the simulator (`sim/simulation.py`)
-alike; `--spare-rows` overrides it.
+nearly free on this device (docs/design.md, "Speculation"). A device property, resolved in this one place
+(`resolve_row_budget`) from the device's cost model, for the real stack (`pipeline.py`) and the simulated one
+(`sim/simulation.py`) alike; `--spare-rows` overrides it.
 
 An iteration of R decode rows costs t(R) seconds (the cost model's, at a typical context). Speculative rows
 are admitted while a row's marginal cost is under half the mean cost of a row:
@@ -15,11 +15,13 @@ t(R) = fixed + R x per_row it is R = fixed / per_row: speculation rides in the r
 
 from __future__ import annotations
 
-from pathlib import Path
+import logging
 
 from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel
 from specscale.sim.hardware import HardwareProfile
 from specscale.sim.model_profile import ModelProfile
+
+logger = logging.getLogger(__name__)
 
 TYPICAL_CONTEXT_TOKENS = 256  # a decode row's context: system prompt, question and a few steps (KV read per row)
 CUDA_PROFILES = {"a100": "a100-80gb", "h100": "h100-80gb", "h200": "h200"}  # device name fragment -> profile
@@ -53,7 +55,20 @@ def hardware_profile_for(device: str, device_name: str | None = None) -> Hardwar
     return None
 
 
-def checkpoint_row_budget(checkpoint: str | Path, dtype: str, hardware: HardwareProfile, max_rows: int) -> int:
-    """The budget of a Hugging Face checkpoint's decode on `hardware` (its shape from config.json)."""
-    profile = ModelProfile.load(str(checkpoint), None if dtype == "auto" else dtype)
-    return speculative_row_budget(RooflineCostModel(hardware), profile, max_rows)
+def resolve_row_budget(override: int | None, cost_model: CostModel | None, generator: ModelProfile,
+                       max_rows: int) -> int | None:
+    """The speculative row budget a stack hands its generator engine: the override (`--spare-rows`), else
+    the budget of `generator` on the cost model's device; None (unbounded) on a device without a cost model.
+    The one resolver of this property, for real checkpoints and simulated models alike (stack.py)."""
+    if override is not None:
+        return override
+    if cost_model is None:
+        logger.warning("no cost profile for this device: speculative rows may fill the batch")
+        return None
+    return speculative_row_budget(cost_model, generator, max_rows)
+
+
+def device_cost_model(device: str, device_name: str | None = None) -> CostModel | None:
+    """The roofline cost model of the device a real engine runs on (`hardware_profile_for`), None without one."""
+    hardware = hardware_profile_for(device, device_name)
+    return None if hardware is None else RooflineCostModel(hardware)

@@ -5,6 +5,7 @@
 real ones; only the two models' forward passes (`SimulatedRunner` + the workload's `SyntheticGenerator` /
 `SyntheticPRM`) and the clock are simulated. Both runners advance the same clock: the device is time-shared.
 KV pools are sized from the memory the hardware has left after both models' weights (`cost.kv_capacity`).
+A `Simulation` is a `stack.py` `Stack`: its device properties come from the resolvers `Pipeline` uses.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from dataclasses import dataclass
 
 from specscale.config import EngineConfig, SearchConfig
 from specscale.engine.engine import Engine
-from specscale.search.backend import GeneratorBackend, VerifierBackend
-from specscale.search.engine_backend import EngineBackend
-from specscale.sim.row_budget import speculative_row_budget
-from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.search.runtime import SearchRequest
+from specscale.sim.row_budget import resolve_row_budget
 from specscale.sim.clock import VirtualClock
 from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel, kv_capacity
 from specscale.sim.hardware import HardwareProfile
@@ -27,9 +26,10 @@ from specscale.sim.synthetic_generator import SyntheticGenerator
 from specscale.sim.synthetic_prm import FORMAT_TEMPLATES, SyntheticPRM
 from specscale.sim.tokenizer import SyntheticTokenizer
 from specscale.sim.workload import WorkloadParams, preset
+from specscale.stack import DeviceProperties, Stack
 from specscale.verify.formats import format_name_for
 from specscale.verify.prm import Verifier, VerifierConfig
-from specscale.verify.profile import DEFAULT_BATCH_TOKENS, ProfilePoint, knee, sequence_sizes
+from specscale.verify.profile import DEFAULT_BATCH_TOKENS, ProfilePoint, knee, resolve_lv_threshold, sequence_sizes
 
 PROFILE_CONTEXT_TOKENS, PROFILE_STEP_TOKENS = 512, 128  # the shape `specscale profile-prm` measures
 
@@ -40,7 +40,8 @@ class SimulationConfig:
     workload None takes `workload.preset(dataset, generator, prm)`. prm_format None follows the PRM's
     architecture. generator_kv_blocks / prm_kv_blocks None size the pools from memory (prm_kv_share of
     the KV memory goes to the PRM). spare_rows None takes the device's speculative row budget
-    (sim/row_budget.py). The engine settings match `Pipeline`'s."""
+    (sim/row_budget.py); lv_threshold_tokens None the simulated PRM's profiled knee. The engine settings match
+    `Pipeline`'s."""
 
     hardware: str = "a100-80gb"
     generator: str = "qwen2.5-7b-instruct"
@@ -54,10 +55,12 @@ class SimulationConfig:
     prm_kv_blocks: int | None = None
     max_num_seqs: int = 512
     spare_rows: int | None = None
+    lv_threshold_tokens: int | None = None
+    max_concurrency: int = 32
     seed: int = 0
 
 
-class Simulation:
+class Simulation(Stack):
     def __init__(self, config: SimulationConfig = SimulationConfig(), cost_model: CostModel | None = None):
         self.config = config
         self.clock = VirtualClock()
@@ -68,22 +71,29 @@ class Simulation:
         self.workload = config.workload or preset(config.dataset, self.generator_profile.name, self.prm_profile.name)
         self.prm_format = config.prm_format or format_name_for({"architectures": [self.prm_profile.architecture]})
         self.tokenizer = SyntheticTokenizer("chatml", levels=self.workload.levels)
-        self.engine = self._generator_engine()
-        self.verifier = self._verifier()
+        device = self._device_properties()
+        super().__init__(self._generator_engine(device.spare_rows), self._verifier(), self.clock, device,
+                         config.max_concurrency)
+
+    def _device_properties(self) -> DeviceProperties:
+        """Through the resolvers the real stack uses too (stack.py)."""
+        c = self.config
+        spare_rows = resolve_row_budget(c.spare_rows, self.cost_model, self.generator_profile, c.max_num_seqs)
+        return DeviceProperties(resolve_lv_threshold(c.lv_threshold_tokens, self.profiled_lv_threshold()), spare_rows)
 
     def _kv_blocks(self) -> tuple[int, int]:
         c = self.config
         capacity = kv_capacity(self.hardware, self.generator_profile, self.prm_profile, c.block_size, c.prm_kv_share)
         return c.generator_kv_blocks or capacity.generator_blocks, c.prm_kv_blocks or capacity.prm_blocks
 
-    def _generator_engine(self) -> Engine:
+    def _generator_engine(self, spare_rows: int | None) -> Engine:
         c = self.config
         head = SyntheticGenerator(self.workload, self.tokenizer, c.seed)
         runner = SimulatedRunner(self.generator_profile, head, self.cost_model, self.clock, "generator",
                                  self._kv_blocks()[0], c.block_size, self.tokenizer.vocab_size,
                                  live_sequences=lambda: engine.num_live_sequences)
         config = EngineConfig(model=f"sim:{c.generator}", block_size=c.block_size, max_num_seqs=c.max_num_seqs,
-                              spare_rows=self.spare_rows(), seed=c.seed)
+                              spare_rows=spare_rows, seed=c.seed)
         engine = Engine(config, runner=runner, tokenizer=self.tokenizer)
         return engine
 
@@ -105,28 +115,11 @@ class Simulation:
     def request(self, problem: Problem, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
         return SearchRequest(problem.question, list(problem.prompt_ids), config, request_id)
 
-    def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
-        """The simulated generator engine and verifier as the runtime sees them (a fresh id mapping each time)."""
-        return EngineBackend(self.engine), self.verifier
-
-    def runtime(self, max_concurrency: int = 32, generator: GeneratorBackend | None = None,
-                verifier: VerifierBackend | None = None, lv_threshold_tokens: int | None = None,
-                **options) -> SearchRuntime:
-        """A SearchRuntime on the simulated backends (or instrumented stand-ins for them) and the virtual
-        clock; the LV threshold defaults to the simulated PRM's profiled knee. options: `SearchRuntime`'s
-        callbacks and keep_finished. Same signature as `Pipeline.runtime`."""
-        own_generator, own_verifier = self.backends()
-        return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
-                             max_concurrency=max_concurrency,
-                             lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold(), **options)
-
-    def spare_rows(self) -> int:
-        """The speculative row budget: the config's, else the simulated device's (sim/row_budget.py)."""
-        if self.config.spare_rows is not None:
-            return self.config.spare_rows
-        return speculative_row_budget(self.cost_model, self.generator_profile, self.config.max_num_seqs)
-
     def lv_threshold(self) -> int:
+        """The resolved LV threshold (a runtime's default)."""
+        return self.lv_threshold_tokens
+
+    def profiled_lv_threshold(self) -> int:
         """`specscale profile-prm`'s knee, computed on the cost model for the batches it measures."""
         points = []
         for batch in DEFAULT_BATCH_TOKENS:
@@ -134,6 +127,3 @@ class Simulation:
             work = IterationWork((), tuple((n, PROFILE_CONTEXT_TOKENS) for n in sizes), len(sizes))
             points.append(ProfilePoint(batch, (self.cost_model.iteration_seconds(self.prm_profile, work, "prm"),)))
         return knee(points)
-
-    def close(self) -> None:
-        self.verifier.close()

@@ -130,6 +130,20 @@ def default_profile_path(model: str | Path, device: str) -> Path:
     return cache_dir() / f"{slug}-{digest}.json"
 
 
+# When this PRM and device were never profiled: a 7-8B PRM's prefill on an A100 saturates near
+# 2,048 batch tokens (docs/BENCHMARKS.md, the PRM profile).
+DEFAULT_LV_THRESHOLD = 2048
+
+
+def resolve_lv_threshold(override: int | None, profiled: int | None) -> int:
+    """The lazy-verification threshold a stack hands its runtimes: the override (`--lv-threshold-tokens`),
+    else the PRM's profiled knee on this device (the profiler's file for a checkpoint, the cost model's knee
+    for a simulated PRM), else DEFAULT_LV_THRESHOLD. The one resolver of this property (stack.py)."""
+    if override is not None:
+        return override
+    return profiled or DEFAULT_LV_THRESHOLD
+
+
 def load_lv_threshold(model: str | Path, device: str | None = None) -> int | None:
     """The lazy-verification threshold profiled for this PRM on this device; None if never profiled."""
     path = default_profile_path(model, device or current_device())
