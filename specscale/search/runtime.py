@@ -22,7 +22,6 @@ Public surface: `submit`, `cancel`, `step`, `run` (submit and step until done, t
 from __future__ import annotations
 
 import itertools
-import random
 import time as _time
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from specscale.search.backend import (
     SequenceOp, SequenceState, SequenceUpdate, StartSequence, VerifierBackend,
 )
 from specscale.search.lazy_flush import FlushSignals, flush_policy
+from specscale.search.lookahead import head_start
 from specscale.search.metrics import RunMetrics
 from specscale.search.protocol import (
     Cancel, Cancelled, Done, Expand, GenerationLost, Pause, Release, Resume, ScoresArrived, SetPriority,
@@ -384,18 +384,13 @@ class SearchRuntime:
         state.expansion_seqs.setdefault(action.expansion_id, set()).add(seq)
 
     def _head_start(self, state: RequestState, action: Expand) -> list[int]:
-        """FastTTS's truncation of a duplicate's head start: of the tokens the continuation
-        `action.head_start_of` has written so far, keep a share r ~ Normal(lookahead_head_start,
-        lookahead_head_start_std) clipped to [0, 1] -- at least one token, and at least one token fewer
-        than written (docs/design.md, "Speculation"). r is drawn from the child's own seed."""
+        """The tokens a child starts from: FastTTS's truncated head start (`search/lookahead.py`) of what the
+        continuation `action.head_start_of` has written so far; none for every other expansion."""
         if action.head_start_of is None:
             return []
         written = max((p.tokens for p in self.physical.values()
                        if p.request is state and p.origin == action.head_start_of), key=len, default=[])
-        config = state.config
-        draw = random.Random(action.seeds[0] if action.seeds else action.expansion_id)
-        share = min(max(draw.gauss(config.lookahead_head_start, config.lookahead_head_start_std), 0.0), 1.0)
-        return written[: min(max(int(share * len(written)), 1), len(written) - 1)]
+        return head_start(written, state.config, action.seeds[0] if action.seeds else action.expansion_id)
 
     def _cancel(self, state: RequestState, action: Cancel) -> None:
         for expansion in action.expansions:
