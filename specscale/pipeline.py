@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specscale.answers import read_answers
 from specscale.chat_text import render_chat_text
 from specscale.config import EngineConfig, SearchConfig
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
@@ -92,6 +93,7 @@ class Pipeline:
         lv_threshold_tokens None takes the pipeline's (a sweep sets its own); options: `SearchRuntime`'s
         callbacks and keep_finished."""
         own_generator, own_verifier = self.backends()
+        options.setdefault("read_answers", read_answers)
         return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
                              max_concurrency=max_concurrency or self.config.max_concurrency,
                              lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold_tokens, **options)

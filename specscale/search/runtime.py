@@ -41,7 +41,7 @@ from specscale.search.protocol import (
 from specscale.search.request_state import (
     Physical, RequestState, RuntimeStats, SearchRequest, timings_of, usage_of,
 )
-from specscale.search.result import SearchResult
+from specscale.search.result import AnswerReader, SearchResult
 from specscale.search.search import Search
 from specscale.search.verification import VERIFICATIONS
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
@@ -53,11 +53,14 @@ class SearchRuntime:
     """keep_finished: keep every finished request's result and search for `result` / `search` (a server
     that runs for days hands results out through on_finished instead). on_finished(request_id,
     SearchResult) runs as a request leaves (cancelled ones too, unless cancelled with notify=False);
-    on_round(request_id, Decision) after each decided round."""
+    on_round(request_id, Decision) after each decided round. read_answers(SearchResult) fills in a
+    finished result's answers and votes (`specscale/answers.py`; the composition roots give it, so that
+    `search/` never imports `grading/`); without it results carry paths only."""
 
     def __init__(self, generator: GeneratorBackend, verifier: VerifierBackend, clock=_time.perf_counter,
                  max_concurrency: int = 32, lv_threshold_tokens: int = 2048,
-                 on_finished: Callable | None = None, on_round: Callable | None = None, keep_finished: bool = True):
+                 on_finished: Callable | None = None, on_round: Callable | None = None, keep_finished: bool = True,
+                 read_answers: AnswerReader | None = None):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.generator = generator
@@ -75,6 +78,7 @@ class SearchRuntime:
         self._keep_finished = keep_finished
         self._on_finished = on_finished
         self._on_round = on_round
+        self._read_answers = read_answers
         self._ids = itertools.count()
         self._seq_ids = itertools.count()
         self._ops: list[SequenceOp] = []  # this tick's operations, not yet handed to the generator
@@ -424,6 +428,8 @@ class SearchRuntime:
         for seq in leftovers:  # the search released everything; this only guards against leaks
             self._forget(seq, cancelled=True)
         state.result = state.search.result
+        if self._read_answers is not None:
+            self._read_answers(state.result)
         state.result.usage = usage_of(state)
         state.result.timings = timings_of(state, self.clock())
         self.metrics.add_waiting(state.search.round_waiting)

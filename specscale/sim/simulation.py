@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specscale.answers import read_answers
 from specscale.config import EngineConfig, SearchConfig
 from specscale.engine.engine import Engine
 from specscale.search.backend import GeneratorBackend, VerifierBackend
@@ -116,6 +117,7 @@ class Simulation:
         clock; the LV threshold defaults to the simulated PRM's profiled knee. options: `SearchRuntime`'s
         callbacks and keep_finished. Same signature as `Pipeline.runtime`."""
         own_generator, own_verifier = self.backends()
+        options.setdefault("read_answers", read_answers)
         return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
                              max_concurrency=max_concurrency,
                              lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold(), **options)
