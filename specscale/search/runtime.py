@@ -301,7 +301,7 @@ class SearchRuntime:
         verification = VERIFICATIONS[config.verification]
         policy = flush_policy(config, self.lv_threshold_tokens) if verification.is_lazy else None
         self.queue.push(QueuedStep(
-            state, action.candidate, request, action.completes_group, verification.queue_mode,
+            state, action.candidate, request, action.completes_group, verification.batching,
             self.verifier.tokens_to_compute(request), self.clock(), policy,
         ))
 
