@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specscale.answers import read_answers
 from specscale.engine.engine import Engine
 from specscale.search.backend import GeneratorBackend, VerifierBackend
 from specscale.search.engine_backend import EngineBackend
@@ -60,8 +61,9 @@ class Stack:
                 **options) -> SearchRuntime:
         """A runtime with fresh metrics over this stack's backends (or instrumented stand-ins for them) and
         clock; lv_threshold_tokens None takes the stack's (a sweep sets its own); options: `SearchRuntime`'s
-        callbacks and keep_finished."""
+        callbacks, keep_finished and read_answers (default: `answers.read_answers`, math-verify grouping)."""
         own_generator, own_verifier = self.backends()
+        options.setdefault("read_answers", read_answers)
         return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
                              max_concurrency=max_concurrency or self.max_concurrency,
                              lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold_tokens, **options)

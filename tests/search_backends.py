@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specscale.answers import read_answers
 from specscale.config import SearchConfig
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.runtime import SearchRequest, SearchRuntime
@@ -41,6 +42,7 @@ def scripted_runtime(max_concurrency: int = 32, step_fn=seeded_step, perfect_rat
     verifier = ScriptedVerifier(clock, perfect_rate=perfect_rate, score_levels=score_levels)
     return SearchRuntime(ScriptedGenerator(clock, step_fn), verifier,
                          clock=clock, max_concurrency=max_concurrency, lv_threshold_tokens=SCRIPTED_LV_THRESHOLD,
+                         read_answers=read_answers,
                          **options)
 
 

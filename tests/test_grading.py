@@ -14,7 +14,8 @@ import pytest
 from specscale.grading import DATASETS, AnswerGrader, extract_answer, load_problems
 from specscale.grading.datasets import DATA_DIR
 from specscale.grading.worker import KILL_GRACE_S
-from specscale.search.result import CompletedPath, votes
+from specscale.answers import votes
+from specscale.search.result import CompletedPath
 from specscale_lab.tasks.toy import extract_answer as toy_extract_answer
 from specscale_lab.tasks.toy import toy_problems
 from specscale_lab.tasks.toy_solutions import NO_SLIPS, render_solution

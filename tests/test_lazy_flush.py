@@ -9,7 +9,7 @@ from specscale.config import SearchConfig
 from specscale.search.lazy_flush import AdaptiveBudget, FixedTriggers, FlushSignals, flush_policy
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.search.verify_queue import QueuedStep, VerifyQueue
+from specscale.search.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
 from scripted_generator import ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
@@ -22,7 +22,7 @@ CALM = FlushSignals(kv_used_share=0.1, prm_call_s=1.0, speculative_tokens={})
 
 
 def queued(policy, tokens=10, group=False, now=0.0, request="r"):
-    return QueuedStep(request, 0, None, group, "lazy", tokens, now, policy)
+    return QueuedStep(request, 0, None, group, LAZY, tokens, now, policy)
 
 
 def first_flush(policy, signals: FlushSignals, times, tokens=10, deferral_per_time=True):
@@ -144,7 +144,7 @@ def test_adaptive_steps_ride_along_with_a_prm_batch_that_runs_anyway_and_request
     queue = VerifyQueue()
     queue.push(queued(ADAPTIVE, request="adaptive"))
     queue.push(queued(FIXED_OWN_STEPS, request="fixed"))
-    queue.push(QueuedStep("eager", 1, None, False, "immediate", 5, 0.0, None))
+    queue.push(QueuedStep("eager", 1, None, False, AT_ONCE, 5, 0.0, None))
     assert [i.request for i in queue.ready_batch(0.0, lambda: CALM)] == ["eager", "adaptive"]
     assert queue.flush_reasons == {"ride-along": 1} and [i.request for i in queue.items] == ["fixed"]
     queue.push(queued(ADAPTIVE, request="adaptive"))

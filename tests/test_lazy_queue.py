@@ -10,7 +10,7 @@ from specscale.search.presets import preset_config
 from specscale.search.protocol import Expand, StepFinished, Verify
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.search import Search
-from specscale.search.verify_queue import QueuedStep, VerifyQueue
+from specscale.search.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
 from scripted_generator import ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
@@ -21,7 +21,7 @@ OWN_STEPS = replace(QUEUE, rides_along=False, whole_queue=False)
 
 
 def lazy(request, candidate=0, tokens=10, group=False, policy=QUEUE):
-    return QueuedStep(request, candidate, None, group, "lazy", tokens, 0.0, policy)
+    return QueuedStep(request, candidate, None, group, LAZY, tokens, 0.0, policy)
 
 
 def test_a_sibling_trigger_of_one_request_scores_every_requests_queued_steps():
@@ -57,7 +57,7 @@ def test_the_deferral_cap_of_one_step_flushes_the_whole_queue():
 def test_lazy_steps_ride_along_with_a_prm_call_that_runs_anyway():
     queue = VerifyQueue()
     queue.push(lazy("lazy"))
-    queue.push(QueuedStep("eager", 1, None, False, "immediate", 5, 0.0, None))
+    queue.push(QueuedStep("eager", 1, None, False, AT_ONCE, 5, 0.0, None))
     assert [i.request for i in queue.ready_batch(0.0)] == ["eager", "lazy"]
     assert queue.flush_reasons == {"ride-along": 1}
 

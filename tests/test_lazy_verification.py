@@ -4,7 +4,7 @@ plus the flush policy for eager and per-request (FastTTS) steps, and the runtime
 from specscale.search.lazy_flush import FixedTriggers
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.search.verify_queue import QueuedStep, VerifyQueue
+from specscale.search.verify_queue import AT_ONCE, LAZY, ONE_REQUEST, QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
 from scripted_generator import ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
@@ -13,7 +13,7 @@ NEVER = 10**9
 
 
 def lazy(tokens=10, group=False, now=0.0, threshold=NEVER, deferrals=NEVER, age=float(NEVER), request="r"):
-    return QueuedStep(request, 0, None, group, "lazy", tokens, now, FixedTriggers(threshold, deferrals, age))
+    return QueuedStep(request, 0, None, group, LAZY, tokens, now, FixedTriggers(threshold, deferrals, age))
 
 
 def test_token_threshold_trigger_alone():
@@ -51,14 +51,14 @@ def test_age_cap_trigger_alone():
 
 def test_eager_steps_batch_across_requests_and_fasttts_steps_per_request():
     queue = VerifyQueue()
-    queue.push(QueuedStep("a", 0, None, False, "immediate", 5, 0.0, None))
-    queue.push(QueuedStep("b", 1, None, False, "round", 5, 0.0, None))
+    queue.push(QueuedStep("a", 0, None, False, AT_ONCE, 5, 0.0, None))
+    queue.push(QueuedStep("b", 1, None, False, AT_ONCE, 5, 0.0, None))
     queue.push(lazy(request="c"))
     assert [i.request for i in queue.ready_batch(0.0)] == ["a", "b", "c"]  # lazy rides along
     queue.push(lazy(request="c"))
-    queue.push(QueuedStep("d", 2, None, True, "per_request", 5, 0.0, None))
-    queue.push(QueuedStep("e", 3, None, True, "per_request", 5, 0.0, None))
-    queue.push(QueuedStep("d", 4, None, True, "per_request", 5, 0.0, None))
+    queue.push(QueuedStep("d", 2, None, True, ONE_REQUEST, 5, 0.0, None))
+    queue.push(QueuedStep("e", 3, None, True, ONE_REQUEST, 5, 0.0, None))
+    queue.push(QueuedStep("d", 4, None, True, ONE_REQUEST, 5, 0.0, None))
     assert [i.candidate for i in queue.ready_batch(0.0)] == [2, 4]  # one request per PRM call
     assert [i.candidate for i in queue.ready_batch(0.0)] == [3]
     assert [i.request for i in queue.any_batch()] == ["c"]  # generator idle: flush the rest

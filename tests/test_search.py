@@ -6,6 +6,7 @@ pruning keeps what beam keeps, the perfect-score shortcut, CD row counts and pat
 import pytest
 from search_backends import SMALL, scripted_request, scripted_runtime
 
+from specscale.search.lookahead import LookAhead
 from specscale.search.presets import PRESETS, preset_config
 from scripted_generator import prefix_only_step, seeded_step
 
@@ -233,7 +234,7 @@ def test_every_preset_is_a_composition_of_policy_objects():
     for name, (selection, verification, depth, lookahead, pruning, cd) in expected.items():
         search = Search(preset_config(name))
         assert type(search.selection) is selection and search.verification.name == verification
-        assert (search.speculation.eager_depth, search.speculation.lookahead) == (depth, lookahead)
+        assert search.speculation.eager_depth == depth and isinstance(search.lookahead, LookAhead) is lookahead
         assert (search.pruning.strict, search.pruning.perfect_shortcut) == pruning
         assert search.dedup.computation is cd and not search.dedup.filter_duplicates
         assert search.config.dynamic_branching is (name == "fasttts-db")

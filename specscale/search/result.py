@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specscale.grading import AnswerGrader, extract_answer, shared_grader
 from specscale.search.policies import top_k_copies
 
-# Votes are counted in the thread that builds the result (the server's engine thread): a comparison
-# that needs math-verify gets this long before it counts as "different answers".
-VOTE_TIMEOUT_S = 1.0
+# A path's answer and the votes are read by the runtime's `read_answers` callback (specscale/answers.py,
+# given by the composition root): `search/` does not grade.
+AnswerReader = Callable[["SearchResult"], None]
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class CompletedPath:
     steps: tuple[str, ...]
     step_scores: tuple[float, ...]
     score: float  # aggregated
-    answer: str | None
+    answer: str | None  # None until the runtime's AnswerReader has read it
     num_tokens: int
     copies: int  # identical logical paths this entry stands for (CD)
     finish_reason: str = "stop"  # OpenAI's: "length" when the last step was cut by max_tokens or the context
@@ -55,36 +55,14 @@ class SearchResult:
     error: str | None = None
 
 
-def votes(paths: list[CompletedPath], grader: AnswerGrader | None = None) -> tuple[str | None, str | None]:
-    """(weighted vote: the answer whose group has the largest sum of scores, majority vote: the largest
-    count), each path counted `copies` times. Answers are grouped by mathematical equivalence
-    (`AnswerGrader.group`: ``\\frac{1}{2}``, ``0.5`` and ``1/2`` are one answer; plain numbers never leave
-    this thread); a group is named by its first member, i.e. the best-ranked path's spelling, and a tie
-    goes to the group that appears first. Paths without an answer do not vote."""
-    answered = [p for p in paths if p.answer is not None]
-    grader = grader or shared_grader()
-    groups = grader.group([p.answer for p in answered], timeout_s=VOTE_TIMEOUT_S)
-    names: dict[int, str] = {}
-    weighted: dict[int, float] = {}
-    counts: dict[int, int] = {}
-    for p, group in zip(answered, groups):
-        names.setdefault(group, p.answer)
-        weighted[group] = weighted.get(group, 0.0) + p.score * p.copies
-        counts[group] = counts.get(group, 0) + p.copies
-    best_weighted = max(weighted, key=weighted.get, default=None)
-    best_count = max(counts, key=counts.get, default=None)
-    return names.get(best_weighted), names.get(best_count)
-
-
 def build_result(finished_pool: list, beam_size: int, rounds: int, error: str | None) -> SearchResult:
     """The best `beam_size` logical completed paths (candidates of the finished pool, best first, copies
-    ranked one by one as `top_k_copies` does)."""
+    ranked one by one as `top_k_copies` does), without answers or votes (an `AnswerReader` adds them)."""
     paths = []
     for c, copies in top_k_copies(finished_pool, beam_size):
         steps = tuple(c.steps())
         text = "".join(steps)
-        paths.append(CompletedPath(text, steps, c.step_scores, c.score, extract_answer(text), c.path_tokens(), copies,
+        paths.append(CompletedPath(text, steps, c.step_scores, c.score, None, c.path_tokens(), copies,
                                    c.finish_reason, c.score_error))
-    weighted, majority = votes(paths)
     best = paths[0] if paths else None
-    return SearchResult(best.answer if best else None, best, paths, weighted, majority, rounds=rounds, error=error)
+    return SearchResult(None, best, paths, None, None, rounds=rounds, error=error)

@@ -22,7 +22,6 @@ Public surface: `submit`, `cancel`, `step`, `run` (submit and step until done, t
 from __future__ import annotations
 
 import itertools
-import random
 import time as _time
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from specscale.search.backend import (
     SequenceOp, SequenceState, SequenceUpdate, StartSequence, VerifierBackend,
 )
 from specscale.search.lazy_flush import FlushSignals, flush_policy
+from specscale.search.lookahead import head_start
 from specscale.search.metrics import RunMetrics
 from specscale.search.protocol import (
     Cancel, Cancelled, Done, Expand, GenerationLost, Pause, Release, Resume, ScoresArrived, SetPriority,
@@ -41,7 +41,7 @@ from specscale.search.protocol import (
 from specscale.search.request_state import (
     Physical, RequestState, RuntimeStats, SearchRequest, timings_of, usage_of,
 )
-from specscale.search.result import SearchResult
+from specscale.search.result import AnswerReader, SearchResult
 from specscale.search.search import Search
 from specscale.search.verification import VERIFICATIONS
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
@@ -54,11 +54,14 @@ class SearchRuntime:
     """keep_finished: keep every finished request's result and search for `result` / `search` (a server
     that runs for days hands results out through on_finished instead). on_finished(request_id,
     SearchResult) runs as a request leaves (cancelled ones too, unless cancelled with notify=False);
-    on_round(request_id, Decision) after each decided round."""
+    on_round(request_id, Decision) after each decided round. read_answers(SearchResult) fills in a
+    finished result's answers and votes (`specscale/answers.py`; the composition roots give it, so that
+    `search/` never imports `grading/`); without it results carry paths only."""
 
     def __init__(self, generator: GeneratorBackend, verifier: VerifierBackend, clock=_time.perf_counter,
                  max_concurrency: int = 32, lv_threshold_tokens: int = DEFAULT_LV_THRESHOLD,
-                 on_finished: Callable | None = None, on_round: Callable | None = None, keep_finished: bool = True):
+                 on_finished: Callable | None = None, on_round: Callable | None = None, keep_finished: bool = True,
+                 read_answers: AnswerReader | None = None):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.generator = generator
@@ -76,6 +79,7 @@ class SearchRuntime:
         self._keep_finished = keep_finished
         self._on_finished = on_finished
         self._on_round = on_round
+        self._read_answers = read_answers
         self._ids = itertools.count()
         self._seq_ids = itertools.count()
         self._ops: list[SequenceOp] = []  # this tick's operations, not yet handed to the generator
@@ -298,7 +302,7 @@ class SearchRuntime:
         verification = VERIFICATIONS[config.verification]
         policy = flush_policy(config, self.lv_threshold_tokens) if verification.is_lazy else None
         self.queue.push(QueuedStep(
-            state, action.candidate, request, action.completes_group, verification.queue_mode,
+            state, action.candidate, request, action.completes_group, verification.batching,
             self.verifier.tokens_to_compute(request), self.clock(), policy,
         ))
 
@@ -385,18 +389,13 @@ class SearchRuntime:
         state.expansion_seqs.setdefault(action.expansion_id, set()).add(seq)
 
     def _head_start(self, state: RequestState, action: Expand) -> list[int]:
-        """FastTTS's truncation of a duplicate's head start: of the tokens the continuation
-        `action.head_start_of` has written so far, keep a share r ~ Normal(lookahead_head_start,
-        lookahead_head_start_std) clipped to [0, 1] -- at least one token, and at least one token fewer
-        than written (docs/design.md, "Speculation"). r is drawn from the child's own seed."""
+        """The tokens a child starts from: FastTTS's truncated head start (`search/lookahead.py`) of what the
+        continuation `action.head_start_of` has written so far; none for every other expansion."""
         if action.head_start_of is None:
             return []
         written = max((p.tokens for p in self.physical.values()
                        if p.request is state and p.origin == action.head_start_of), key=len, default=[])
-        config = state.config
-        draw = random.Random(action.seeds[0] if action.seeds else action.expansion_id)
-        share = min(max(draw.gauss(config.lookahead_head_start, config.lookahead_head_start_std), 0.0), 1.0)
-        return written[: min(max(int(share * len(written)), 1), len(written) - 1)]
+        return head_start(written, state.config, action.seeds[0] if action.seeds else action.expansion_id)
 
     def _cancel(self, state: RequestState, action: Cancel) -> None:
         for expansion in action.expansions:
@@ -430,6 +429,8 @@ class SearchRuntime:
         for seq in leftovers:  # the search released everything; this only guards against leaks
             self._forget(seq, cancelled=True)
         state.result = state.search.result
+        if self._read_answers is not None:
+            self._read_answers(state.result)
         state.result.usage = usage_of(state)
         state.result.timings = timings_of(state, self.clock())
         self.metrics.add_waiting(state.search.round_waiting)

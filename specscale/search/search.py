@@ -6,8 +6,9 @@ copies are retained and how many children each gets. A variant is a composition 
 from its `SearchConfig` (a preset line in `search/presets.py`):
 
 - verification (`search/verification.py`): a step goes to the PRM as it finishes, or a round at once;
-- speculation (`search/speculation.py`): none, eager expansion of verified candidates (naive-spec, EP),
-  or FastTTS's LookAhead continuations with head starts and a per-request valve;
+- speculation (`search/speculation.py`): none, or eager expansion of verified candidates (naive-spec, EP);
+- lookahead (`search/lookahead.py`): FastTTS's LookAhead continuations with head starts and a per-request
+  valve, one policy whose hooks run when a step finishes, a round has generated or is verified at once;
 - pruning (`search/pruning.py`): the strict early-pruning threshold and the perfect-score shortcut;
 - dedup (`search/dedup.py`): computation deduplication (one expansion per parent, one lane per logical
   child) and search-and-learn's duplicate filtering.
@@ -30,6 +31,7 @@ from specscale.search.protocol import (
 from specscale.search.result import SearchResult, build_result
 from specscale.search.seeds import seeds_of
 from specscale.search.dedup import make_dedup
+from specscale.search.lookahead import LOOKAHEAD_PRIORITY, make_lookahead, promote
 from specscale.search.pruning import make_pruning
 from specscale.search.selection import make_selection
 from specscale.search.speculation import make_speculation
@@ -38,9 +40,8 @@ from specscale.search.tree import Candidate, CandidateState, Expansion, Round, S
 
 # Engine priorities (higher runs first; docs/design.md, "Speculation"): 0 for real work; speculation d rounds
 # ahead in the band -d * SPECULATION_BAND - (0 .. SPECULATION_BAND - 1), ranked inside it by its parent's
-# chance to be retained; FastTTS's LookAhead continuations below every band.
+# chance to be retained; FastTTS's LookAhead continuations below every band (LOOKAHEAD_PRIORITY).
 SPECULATION_BAND = 100
-LOOKAHEAD_PRIORITY = -100 * SPECULATION_BAND
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Search:
         self.selection = make_selection(config)
         self.verification = VERIFICATIONS[config.verification]
         self.speculation = make_speculation(config)
+        self.lookahead = make_lookahead(config)
         self.pruning = make_pruning(config)
         self.dedup = make_dedup(config)
         self.last_round = self.selection.last_round()  # the round that generates to EOS
@@ -110,7 +112,7 @@ class Search:
             c.handle = None
         if self.verification.per_step:
             actions.append(self._verify(c, completes_group=self._group_complete(e)))
-        actions += self._start_lookahead(c, ev.time)
+        actions += self.lookahead.on_step_finished(self, c, ev.time)
         return actions + self._progress(e, ev.time)
 
     def _on_lost(self, ev: GenerationLost) -> list:
@@ -149,7 +151,7 @@ class Search:
         actions = []
         rd = self.rounds[e.round]
         if self._round_generated(rd):
-            actions += self._pause_lookaheads(rd)
+            actions += self.lookahead.on_round_generated(self, rd)
             if not self.verification.per_step and rd.index == self.last_decided + 1:
                 actions += self._verify_round(rd)
         return actions + self._try_decide(time)
@@ -161,9 +163,7 @@ class Search:
         """Round-at-once verification (plus FastTTS LookAhead: finished continuations of this round's
         candidates are scored in the same call)."""
         pending = [c for c in rd.candidates if c.alive and c.verified_order is None and not c.verify_sent]
-        if self.speculation.lookahead and rd.index + 1 < len(self.rounds):
-            ahead = self.rounds[rd.index + 1].candidates
-            pending += [c for c in ahead if c.alive and c.verified_order is None and not c.verify_sent]
+        pending += self.lookahead.verified_with_round(self, rd)
         groups = self.verification.round_completes_groups
         return [self._verify(c, completes_group=groups) for c in pending]
 
@@ -186,17 +186,9 @@ class Search:
         return actions
 
     def _round_ready(self, rd: Round) -> bool:
-        if any(e.live for e in rd.expansions) or self._awaiting_lookahead_scores(rd):
+        if any(e.live for e in rd.expansions) or self.lookahead.awaiting_scores(self, rd):
             return False
         return all(c.state == SCORED for c in rd.live_candidates())
-
-    def _awaiting_lookahead_scores(self, rd: Round) -> bool:
-        """FastTTS branching on LookAhead scores (search/branching.py): the continuations verified in the
-        round's PRM call have scores still to arrive (the same call's, a moment later)."""
-        if self.config.branching_score != "lookahead" or self.verification.per_step or rd.index + 1 >= len(self.rounds):
-            return False
-        ahead = self.rounds[rd.index + 1].candidates
-        return any(c.alive and c.verify_sent and c.state != SCORED and c.expansion.started_as_lookahead for c in ahead)
 
     def _perfect_scores(self, rd: Round) -> list[tuple[Candidate, int]] | None:
         perfect = [c for c in rd.live_candidates() if c.state == SCORED and not c.completed and c.score >= 1.0]
@@ -357,18 +349,10 @@ class Search:
                 actions += self._shrink(e, keep)
             have |= {e.child_keys[j] for j in keep}
             if e.lookahead and not e.cancelled:
-                actions += self._promote_lookahead(e)
+                actions += promote(e)
                 head_start = e
         missing = [key for key in wanted if key not in have]
         return actions + self._expand(c, c.round + 1, missing, time, head_start)
-
-    def _promote_lookahead(self, e: Expansion) -> list:
-        e.lookahead = False
-        e.priority = 0
-        if e.paused and e.live:
-            e.paused = False
-            return [Resume((e.id,), 0)]
-        return []
 
     def _shrink(self, e: Expansion, keep: set[int]) -> list:
         """Keep only lanes `keep` of e: finished pieces lose their other lanes, generating ones are
@@ -396,42 +380,6 @@ class Search:
                     e.priority = p
                     changed.setdefault(p, []).append(e.id)
         return [SetPriority(tuple(ids), p) for p, ids in changed.items()]
-
-    # ---- FastTTS lookahead -------------------------------------------------------------------------
-    def _start_lookahead(self, c: Candidate, time: float) -> list:
-        certain = c.parent is None or c.parent.state == RETAINED
-        if not self.speculation.lookahead or c.completed or not certain or c.round >= self.last_round:
-            return []
-        actions = self._make_room_for_lookahead()
-        e = self._new_expansion(c, c.round + 1, (c.key + (0,),), time, lookahead=True)
-        e.started_as_lookahead = True
-        return actions + [Expand(*self._expand_fields(e))]
-
-    def _make_room_for_lookahead(self) -> list:
-        """FastTTS's valve, per request: running plus speculative beams stay below max_live_sequences; on
-        overflow the oldest running lookaheads are force-finished (paused with their text so far, which
-        still counts as the head start of their parent's children) rather than refusing the new one."""
-        running = [e for e in self.expansions.values() if e.live and not e.paused]
-        excess = sum(e.keep_left for e in running) + 1 - self.config.max_live_sequences
-        oldest = sorted((e for e in running if e.lookahead), key=lambda e: e.id)
-        cut = []
-        for e in oldest:
-            if excess <= 0:
-                break
-            e.paused = True
-            cut.append(e.id)
-            excess -= e.keep_left
-        self.lookaheads_cut += cut
-        return [Pause(tuple(cut))] if cut else []
-
-    def _pause_lookaheads(self, rd: Round) -> list:
-        """The round's last real step finished: its candidates' continuations stop for now."""
-        if not self.speculation.lookahead or rd.index + 1 >= len(self.rounds):
-            return []
-        running = [e for e in self.rounds[rd.index + 1].expansions if e.lookahead and e.live and not e.paused]
-        for e in running:
-            e.paused = True
-        return [Pause(tuple(e.id for e in running))] if running else []
 
     # ---- cancellation -------------------------------------------------------------------------------
     def _drop(self, candidates: list[Candidate]) -> list:

@@ -14,23 +14,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specscale.search.verify_queue import AT_ONCE, LAZY, ONE_REQUEST, Batching
+
 
 @dataclass(frozen=True)
 class Verification:
     name: str
     per_step: bool  # True: a step is sent as it finishes; False: a round at once, when it has finished generating
-    queue_mode: str  # how `search/verify_queue.py` batches this policy's steps
+    batching: Batching  # how `search/verify_queue.py` batches this policy's steps
     round_completes_groups: bool = True  # a round sent at once raises the sibling-group trigger
 
     @property
     def is_lazy(self) -> bool:
-        return self.queue_mode == "lazy"
+        return self.batching is LAZY
 
 
 VERIFICATIONS = {
-    "round": Verification("round", per_step=False, queue_mode="round"),
-    "immediate": Verification("immediate", per_step=True, queue_mode="immediate"),
-    "lazy": Verification("lazy", per_step=True, queue_mode="lazy"),
-    "lazy_round": Verification("lazy_round", per_step=False, queue_mode="lazy", round_completes_groups=False),
-    "per_request": Verification("per_request", per_step=False, queue_mode="per_request"),
+    "round": Verification("round", per_step=False, batching=AT_ONCE),
+    "immediate": Verification("immediate", per_step=True, batching=AT_ONCE),
+    "lazy": Verification("lazy", per_step=True, batching=LAZY),
+    "lazy_round": Verification("lazy_round", per_step=False, batching=LAZY, round_completes_groups=False),
+    "per_request": Verification("per_request", per_step=False, batching=ONE_REQUEST),
 }

@@ -1,14 +1,16 @@
-"""Queued verifications and the policy deciding which of them make up the next PRM batch.
+"""Queued verifications and the policy deciding which of them make up the next PRM batch. Each step
+carries its verification policy's `Batching` (the queue's side of `search/verification.py`), whose hooks
+the queue calls:
 
-- "round" and "immediate" steps are ready at once (a request's whole round, or each step as it
+- `AT_ONCE` ("round" and "immediate" policies) steps are ready at once (a request's whole round, or each step as it
   finishes), batched across requests;
-- "lazy" steps (lazy verification, docs/design.md) wait in the verifier's one lazy queue until a trigger
+- `LAZY` steps (lazy verification, docs/design.md) wait in the verifier's one lazy queue until a trigger
   holds (`search/lazy_flush.py`: the fixed triggers of the verifier's token threshold over every queued
   lazy step, a complete sibling group, the deferral and age caps, or the adaptive budget); then every
   queued lazy step of every request goes into that one PRM call, and they ride along with any PRM batch
   that runs anyway. Each step carries its request's policy, resolved once by the runtime at the verifier's
   threshold; a policy of the "request" flush scope (an ablation) flushes its own request's steps only;
-- "per_request" steps (FastTTS) are ready at once but a PRM batch holds one request's steps only.
+- `ONE_REQUEST` steps (FastTTS's "per_request") are ready at once but a PRM batch holds one request's steps only.
 When the generator has nothing to do, whatever is queued is flushed (waiting would gain nothing).
 """
 
@@ -20,16 +22,64 @@ from dataclasses import dataclass
 from specscale.search.lazy_flush import FlushSignals, LazyFlushPolicy
 
 
+class Batching:
+    """How the verify queue batches one verification policy's steps; the base batches nothing by itself."""
+
+    shared = True  # its steps join PRM batches of several requests
+
+    def ready(self, item: QueuedStep) -> bool:
+        """Is this step ready for a shared batch without any trigger?"""
+        return False
+
+    def rides_along(self, item: QueuedStep) -> bool:
+        """Does this step join a shared PRM batch that runs anyway?"""
+        return False
+
+    def deferred(self, item: QueuedStep) -> None:
+        """A tick passed without flushing this step."""
+
+    def own_batch(self, items: list[QueuedStep], head: QueuedStep) -> list[QueuedStep]:
+        """The PRM batch of its own that `head` (this policy's first queued step) makes up, if any."""
+        return []
+
+
+class AtOnce(Batching):
+    def ready(self, item: QueuedStep) -> bool:
+        return True
+
+
+class Lazy(Batching):
+    """Waits for a trigger of the step's `LazyFlushPolicy` (`VerifyQueue._triggered_lazy`)."""
+
+    def rides_along(self, item: QueuedStep) -> bool:
+        return item.policy.rides_along
+
+    def deferred(self, item: QueuedStep) -> None:
+        item.deferrals += 1
+
+
+class OneRequest(Batching):
+    """Ready at once, but a PRM batch holds one request's steps only (FastTTS)."""
+
+    shared = False
+
+    def own_batch(self, items: list[QueuedStep], head: QueuedStep) -> list[QueuedStep]:
+        return [i for i in items if i.request is head.request and i.batching is self]
+
+
+AT_ONCE, LAZY, ONE_REQUEST = AtOnce(), Lazy(), OneRequest()
+
+
 @dataclass(eq=False)
 class QueuedStep:
     request: object  # the runtime's request state
     candidate: int
     score_request: object  # verify.prm.ScoreRequest
     completes_group: bool
-    mode: str
+    batching: Batching
     tokens: int  # PRM input tokens scoring it would compute now
     enqueued_at: float
-    policy: LazyFlushPolicy | None  # lazy steps' flush policy; None for the other modes
+    policy: LazyFlushPolicy | None  # lazy steps' flush policy; None for the other batchings
     deferrals: int = 0
 
 
@@ -46,29 +96,29 @@ class VerifyQueue:
 
     def ready_batch(self, now: float, signals: Callable[[], FlushSignals] = FlushSignals) -> list[QueuedStep]:
         """signals() builds the tick's `FlushSignals`, called at most once and only if a policy needs them."""
-        eager = [i for i in self.items if i.mode in ("round", "immediate")]
+        eager = [i for i in self.items if i.batching.ready(i)]
         eager += self._triggered_lazy(now, signals)
         if eager:
             return self._take(eager + self._riders(eager))
-        per_request = [i for i in self.items if i.mode == "per_request"]
-        if per_request:
-            first = per_request[0].request
-            return self._take([i for i in per_request if i.request is first])
+        for head in self.items:
+            own = head.batching.own_batch(self.items, head)
+            if own:
+                return self._take(own)
         return []
 
     def any_batch(self) -> list[QueuedStep]:
         """The generator is idle: flush everything (one request's steps if FastTTS steps are first)."""
         self.flush_reasons["idle"] = self.flush_reasons.get("idle", 0) + 1
         head = self.items[0]
-        if head.mode == "per_request":
-            return self._take([i for i in self.items if i.request is head.request and i.mode == "per_request"])
-        return self._take([i for i in self.items if i.mode != "per_request"])
+        if not head.batching.shared:
+            return self._take(head.batching.own_batch(self.items, head))
+        return self._take([i for i in self.items if i.batching.shared])
 
     def _triggered_lazy(self, now: float, signals: Callable[[], FlushSignals]) -> list[QueuedStep]:
         """The lazy steps a trigger flushes now: the whole queue when a whole-queue policy's trigger holds
         (one flush counted, by the first such trigger in queue order), and the own steps of each
         request-scope policy whose trigger holds (one flush each)."""
-        lazy = [i for i in self.items if i.mode == "lazy"]
+        lazy = [i for i in self.items if i.batching is LAZY]
         queued_tokens = sum(i.tokens for i in lazy)
         read_once = _Once(signals)
         ready: list[QueuedStep] = []
@@ -97,7 +147,7 @@ class VerifyQueue:
         """Lazy steps whose policy rides along with a PRM batch that runs anyway (one "ride-along" flush
         counted per batch they join)."""
         chosen = set(map(id, batch))
-        riders = [i for i in self.items if i.mode == "lazy" and i.policy.rides_along and id(i) not in chosen]
+        riders = [i for i in self.items if i.batching.rides_along(i) and id(i) not in chosen]
         if riders:
             self._count("ride-along")
         return riders
@@ -105,8 +155,7 @@ class VerifyQueue:
     def count_deferral(self) -> None:
         """A tick passed without flushing these: one deferral each."""
         for item in self.items:
-            if item.mode == "lazy":
-                item.deferrals += 1
+            item.batching.deferred(item)
 
     def drop_candidates(self, request: object, candidates: set[int]) -> None:
         self.items = [i for i in self.items if not (i.request is request and i.candidate in candidates)]
