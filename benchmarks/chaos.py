@@ -290,7 +290,7 @@ def summarize(records: list[Record], kills: list[Kill], metrics: str, equal: dic
 
 def write_markdown(report: dict, path: Path) -> None:
     s = report["summary"]
-    lines = [f"# Chaos on `specscale serve --ray --replicas 2 --verifier-replicas 1`", "",
+    lines = ["# Chaos on `specscale serve --ray --replicas 2 --verifier-replicas 1`", "",
              f"`{report['command']}` ({report['date']}, {report['machine']})", "",
              "| kill | target | in flight | recovered after |", "|---|---|---|---|"]
     lines += [f"| {i} | {k['target']} replica (pid {k['pid']}) | {k['in_flight']} | "

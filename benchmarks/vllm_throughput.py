@@ -35,7 +35,7 @@ def main():
         llm = LLM(model=args.model, dtype=dtype, max_model_len=min(config["max_position_embeddings"], 1024),
                   enforce_eager=args.enforce_eager, seed=0)
 
-        def timed(batch_prompts, n):
+        def timed(batch_prompts, n, llm=llm):  # this dtype's engine (bound now: it is deleted below)
             params = SamplingParams(temperature=args.temperature, top_p=1.0, max_tokens=n, min_tokens=n,
                                     ignore_eos=True)
             start = time.perf_counter()

@@ -15,11 +15,11 @@ import importlib.util
 import sys
 from importlib.metadata import entry_points
 
+from specscale.serve import add_serve
+
 COMMAND_GROUP = "specscale.commands"
 FALLBACK_COMMAND_MODULE = "specscale_lab.commands"  # its `add_commands(sub)`, the group's one entry point
 
-
-from specscale.serve import add_serve
 
 
 def add_profile_prm(sub) -> None:

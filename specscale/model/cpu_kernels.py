@@ -28,7 +28,7 @@ import os
 import threading
 from pathlib import Path
 
-import torch
+import torch  # noqa: F401  (loads libtorch before the extension that links against it)
 
 from specscale.model.machine import forced_isa
 

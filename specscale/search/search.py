@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from specscale.config import SearchConfig
 from specscale.search import policies
 from specscale.search.protocol import (
-    Cancel, Cancelled, Done, Expand, GenerationLost, Pause, Release, Resume, ScoresArrived, SetPriority,
+    Cancel, Cancelled, Done, Expand, GenerationLost, Release, ScoresArrived, SetPriority,
     StepFinished, Verify,
 )
 from specscale.search.result import SearchResult, build_result

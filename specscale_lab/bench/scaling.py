@@ -10,7 +10,6 @@ ratio and the peak KV blocks in use (and their share of the pool).
 
 from __future__ import annotations
 
-import time
 
 from specscale_lab.bench.common import (
     add_common_arguments, finish_info, fresh_runtime, int_list, interleaved, markdown_table, median_summary,

@@ -14,7 +14,6 @@ runs of a ratio come from the same repeat), checked against the issues' targets.
 from __future__ import annotations
 
 import statistics
-import time
 
 from specscale_lab.bench.cell_pool import CellPool, add_workers_argument, resolve_workers
 from specscale_lab.bench.common import (

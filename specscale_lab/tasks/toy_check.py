@@ -95,7 +95,7 @@ class _StepChecker:
         return None
 
     def _equation_error(self, match: re.Match, results: set[int]) -> int | None:
-        x, symbol, y, z = int(match[1]), match[2], int(match[3]), int(match[4])
+        x, y, z = int(match[1]), int(match[3]), int(match[4])
         if not results:
             error = self._event_error(match)
             if error is None:

@@ -22,7 +22,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from specscale_lab.tasks.toy import ASSETS_DIR, GENERATOR_SYSTEM_PROMPT, PRM_SYSTEM_PROMPT, toy_problems
+from specscale_lab.tasks.toy import GENERATOR_SYSTEM_PROMPT, PRM_SYSTEM_PROMPT, toy_problems
 from specscale_lab.tasks.toy_solutions import render_solution
 from specscale_lab.train.generator import GeneratorRecipe, train_generator
 from specscale_lab.train.prm import PrmRecipe, train_prm
