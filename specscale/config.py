@@ -81,15 +81,15 @@ class SearchConfig:
     ablation). prune_strict /
     perfect_shortcut: early pruning. dedup: computation deduplication (CD). verification: "round" (a
     request's whole round at once, batched across requests), "immediate" (each step as it finishes),
-    "lazy" (queued, flushed on the lazy-verification triggers), "lazy_round" (a round at once, queued as
-    "lazy" is; the no-speculation control), "per_request" (FastTTS: one PRM call per
-    round per request). lv_policy: which triggers flush lazy steps, "fixed" (threshold, sibling group,
+    "lazy" (queued as it finishes, flushed on the lazy-verification triggers), "lazy_round" (a round at once,
+    queued as "lazy" is: an ablation), "per_request" (FastTTS: one PRM call per round per request). lv_policy: which triggers flush lazy steps, "fixed" (threshold, sibling group,
     deferral and age caps) or "adaptive" (sibling group, or waiting time, speculative work and KV pressure
     against the lv_*_budget fields; search/lazy_flush.py); the token threshold is the verifier's (the
     runtime's), never a request's. lv_flush_scope: what a trigger flushes, "queue" (every queued lazy step of
     every request: the paper's lazy verification) or "request" (the triggering request's steps only: an
     ablation). lv_ride_along: lazy steps join any PRM batch that runs anyway (None: on with the queue scope;
-    with the request scope, on for adaptive only).
+    with the request scope, on for adaptive only). lv_sibling_trigger: a complete sibling group flushes the
+    queue (SPEC's trigger 2, docs/design.md; False drops it: an ablation, in no preset).
     lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
     the FastTTS pieces (LookAhead continuations, children by min-subtracted score, the mean and spread of
     the share of a continuation's tokens every other retained copy starts from, the per-request valve).
@@ -121,6 +121,7 @@ class SearchConfig:
     lv_policy: str = "fixed"
     lv_flush_scope: str = "queue"
     lv_ride_along: bool | None = None
+    lv_sibling_trigger: bool = True
     lv_wait_budget_calls: float = 2.0
     lv_speculative_budget_tokens: float = 512.0
     lv_kv_budget: float = 0.9

@@ -134,5 +134,32 @@ def test_the_no_speculation_control_batches_across_requests_and_keeps_beam_cds_p
     control, beam_cd = scripted_run("beam+cd+lv"), scripted_run("beam+cd")
     paths = [[p.text for p in control.result(i).paths] for i in control.finished_ids()]
     assert paths == [[p.text for p in beam_cd.result(i).paths] for i in beam_cd.finished_ids()]
-    assert control.flush_reasons and "sibling-group" not in control.flush_reasons  # the lazy triggers, no group
-    assert len(control.verifier.batches) <= len(beam_cd.verifier.batches)
+    assert control.flush_reasons.get("sibling-group")  # SPEC's triggers, the sibling group's among them
+    assert max(requests_per_call(control)) > 1
+
+
+def test_the_all_but_speculation_control_is_specscale_with_speculation_off():
+    control, specscale = preset_config("specscale-nospec"), preset_config("specscale")
+    assert control == replace(specscale, speculative=False)
+    run = scripted_run("specscale-nospec")
+    assert all(r.usage.wasted_tokens == 0 for r in map(run.result, run.finished_ids()))  # nothing speculative
+
+
+def test_a_round_queued_whole_is_a_set_of_complete_sibling_groups():
+    search = Search(preset_config("beam+cd", verification="lazy_round", beam_size=8, beam_width=4, seed=1))
+    expand = next(a for a in search.start(0.0) if isinstance(a, Expand))
+    verifies = [a for a in finish(search, expand, 100, 0.0) if isinstance(a, Verify)]
+    assert verifies and all(v.completes_group for v in verifies)
+
+
+def test_without_the_sibling_trigger_whole_rounds_wait_for_the_other_triggers():
+    ablation = scripted_run("beam+cd[verification=lazy_round,lv_sibling_trigger=false]", threshold=NEVER)
+    assert ablation.flush_reasons and "sibling-group" not in ablation.flush_reasons
+    assert len(ablation.verifier.batches) < len(scripted_run("beam+cd").verifier.batches)
+
+
+def test_the_sibling_trigger_switch_reaches_both_flush_policies():
+    for policy in ("fixed", "adaptive"):
+        config = preset_config("specscale", lv_policy=policy, lv_sibling_trigger=False)
+        assert not flush_policy(config, 100).group_completed([lazy("a", group=True)])
+        assert flush_policy(replace(config, lv_sibling_trigger=True), 100).group_completed([lazy("a", group=True)])

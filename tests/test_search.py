@@ -217,7 +217,7 @@ def test_every_preset_is_a_composition_of_policy_objects():
     expected = {
         "beam": (BeamSelection, "round", 0, False, (False, False), False),
         "beam+cd": (BeamSelection, "round", 0, False, (False, False), True),
-        "beam+cd+lv": (BeamSelection, "lazy_round", 0, False, (False, False), True),
+        "beam+cd+lv": (BeamSelection, "lazy", 0, False, (False, False), True),
         "best-of-n": (BestOfNSelection, "round", 0, False, (False, False), False),
         "dvts": (DVTSSelection, "round", 0, False, (False, False), False),
         "naive-spec": (BeamSelection, "immediate", 1, False, (False, False), False),
@@ -229,6 +229,7 @@ def test_every_preset_is_a_composition_of_policy_objects():
         "ep+cd": (BeamSelection, "immediate", 1, False, (True, True), True),
         "specscale": (BeamSelection, "lazy", 1, False, (True, True), True),
         "specscale-adaptive": (BeamSelection, "lazy", 1, False, (True, True), True),  # + the adaptive flush policy
+        "specscale-nospec": (BeamSelection, "lazy", 0, False, (True, True), True),
     }
     assert set(expected) == set(PRESETS)
     for name, (selection, verification, depth, lookahead, pruning, cd) in expected.items():

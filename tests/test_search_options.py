@@ -29,3 +29,26 @@ def test_bench_and_eval_take_filter_duplicates():
     asked = build_parser().parse_args(["eval", "--dataset", "gsm8k", "--filter-duplicates"])
     assert search_config(asked, "beam", seed=0).filter_duplicates
     assert not search_config(build_parser().parse_args(["eval", "--dataset", "gsm8k"]), "beam", seed=0).filter_duplicates
+
+
+# ---- variants written as preset[field=value,...] ------------------------------------------------------------
+def test_a_variant_may_change_search_config_fields_of_its_preset():
+    from specscale.search.presets import parse_variant, preset_config, split_variants
+
+    assert parse_variant("specscale") == ("specscale", {})
+    assert parse_variant("specscale[lv_sibling_trigger=false, lv_max_age_s=1.5, lv_max_deferrals=3]") == (
+        "specscale", {"lv_sibling_trigger": False, "lv_max_age_s": 1.5, "lv_max_deferrals": 3})
+    config = preset_config("beam+cd[verification=lazy_round]", beam_size=4)
+    assert config.verification == "lazy_round" and config.dedup and config.beam_size == 4
+    assert split_variants("beam, specscale[lv_max_deferrals=3,lv_sibling_trigger=false],ep") == [
+        "beam", "specscale[lv_max_deferrals=3,lv_sibling_trigger=false]", "ep"]
+
+
+def test_a_variant_with_an_unknown_field_or_a_bad_bracket_is_refused():
+    import pytest
+    from specscale.search.presets import preset_config
+
+    for variant, message in (("specscale[speed=11]", "no field"), ("specscale[lv_max_deferrals]", "field=value"),
+                             ("specscale[lv_max_deferrals=3", "expected"), ("nope[dedup=true]", "unknown preset")):
+        with pytest.raises(ValueError, match=message):
+            preset_config(variant)

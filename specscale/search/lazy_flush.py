@@ -24,6 +24,8 @@ flushes the triggering request's steps only (an ablation, in no preset).
 
 `SearchConfig.lv_ride_along` switches riding along on or off for either policy (an ablation); with the whole
 queue flushed (the default scope) every policy rides along unless it is switched off.
+`SearchConfig.lv_sibling_trigger = False` drops the sibling-group trigger from either policy (an ablation, in
+no preset: docs/BENCHMARKS.md measures what the trigger costs).
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ class LazyFlushPolicy(ABC):
     threshold_tokens: int
     rides_along: bool  # this policy's queued steps join any PRM batch that runs anyway
     whole_queue: bool  # its trigger flushes every queued lazy step of every request (False: the request's own)
+    sibling_group: bool  # a queued step that completes its sibling group flushes (SPEC's trigger 2)
+
+    def group_completed(self, items: Sequence) -> bool:
+        """The sibling-group trigger: one of these queued steps completed its sibling group."""
+        return self.sibling_group and any(i.completes_group for i in items)
 
     @abstractmethod
     def trigger(self, items: Sequence, queued_tokens: int, now: float,
@@ -71,11 +78,12 @@ class FixedTriggers(LazyFlushPolicy):
     max_age_s: float
     rides_along: bool = True
     whole_queue: bool = True
+    sibling_group: bool = True
 
     def trigger(self, items, queued_tokens, now, signals) -> str | None:
         if queued_tokens >= self.threshold_tokens:
             return "tokens"
-        if any(i.completes_group for i in items):
+        if self.group_completed(items):
             return "sibling-group"
         if any(i.deferrals > self.max_deferrals for i in items):
             return "deferrals"
@@ -92,9 +100,10 @@ class AdaptiveBudget(LazyFlushPolicy):
     kv_budget: float
     rides_along: bool = True
     whole_queue: bool = True
+    sibling_group: bool = True
 
     def trigger(self, items, queued_tokens, now, signals) -> str | None:
-        if any(i.completes_group for i in items):
+        if self.group_completed(items):
             return "sibling-group"
         gain_left = 1.0 - min(queued_tokens / self.threshold_tokens, 1.0)
         if gain_left <= 0.0:
@@ -121,4 +130,4 @@ def flush_policy(config: SearchConfig, threshold_tokens: int) -> LazyFlushPolicy
     whole_queue = config.lv_flush_scope == "queue"
     default_ride = whole_queue or config.lv_policy == "adaptive"
     rides_along = default_ride if config.lv_ride_along is None else config.lv_ride_along
-    return replace(policy, rides_along=rides_along, whole_queue=whole_queue)
+    return replace(policy, rides_along=rides_along, whole_queue=whole_queue, sibling_group=config.lv_sibling_trigger)

@@ -1,8 +1,11 @@
 """Named variants: each is a composition of policy switches on SearchConfig, so an ablation is a
-configuration, not a fork of the code."""
+configuration, not a fork of the code. A variant may also be written `preset[field=value,...]`: the preset
+with those SearchConfig fields changed (`specscale[lv_sibling_trigger=false]`), so an ablation the presets do
+not name needs no code either."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from specscale.config import SearchConfig
@@ -17,9 +20,9 @@ _DYNAMIC_BRANCHING = {"dynamic_branching": True, "branching_score": "lookahead"}
 PRESETS: dict[str, dict] = {
     "beam": {},
     "beam+cd": {"dedup": True},
-    # the control with everything but speculation: beam+cd whose finished rounds go through specscale's lazy
-    # queue and triggers (cross-request batched verification without speculation)
-    "beam+cd+lv": {"dedup": True, "verification": "lazy_round"},
+    # beam+cd whose finished steps go through specscale's lazy queue and triggers (SPEC 3.3's lazy
+    # verification without speculation: cross-request batched verification)
+    "beam+cd+lv": {"dedup": True, "verification": "lazy"},
     "best-of-n": {"selection": "best_of_n", "max_rounds": 1},
     "dvts": {"selection": "dvts"},
     "naive-spec": dict(_SPECULATIVE),
@@ -30,13 +33,64 @@ PRESETS: dict[str, dict] = {
     "ep": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True),
     "ep+cd": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True),
     "specscale": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True, verification="lazy"),
+    # the control with everything but speculation: specscale's switches with speculation off (EP's strict
+    # threshold and perfect-score shortcut act on the round being decided, CD, lazy verification)
+    "specscale-nospec": dict(prune_strict=True, perfect_shortcut=True, dedup=True, verification="lazy"),
     "specscale-adaptive": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True,
                                verification="lazy", lv_policy="adaptive"),
 }
 
 
-def preset_config(name: str, **overrides) -> SearchConfig:
-    """The SearchConfig of a named preset, with any field overridden (e.g. beam_size=4)."""
+def preset_config(variant: str, **overrides) -> SearchConfig:
+    """The SearchConfig of a variant (a preset name, or `preset[field=value,...]`), with any field
+    overridden (e.g. beam_size=4)."""
+    name, fields = parse_variant(variant)
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return replace(SearchConfig(**PRESETS[name]), **overrides)
+    unknown = sorted(set(fields) - set(SearchConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"variant {variant!r}: SearchConfig has no field(s) {unknown}")
+    return replace(SearchConfig(**PRESETS[name]), **fields, **overrides)
+
+
+def parse_variant(variant: str) -> tuple[str, dict]:
+    """`preset[field=value,...]` -> (preset, {field: value}); values are true / false / none, integers,
+    floats or text. A plain preset name has no fields."""
+    name, bracket, rest = variant.strip().partition("[")
+    if not bracket:
+        return name, {}
+    if not rest.endswith("]"):
+        raise ValueError(f"variant {variant!r}: expected preset[field=value,...]")
+    fields = {}
+    for item in filter(None, (part.strip() for part in rest[:-1].split(","))):
+        field, equals, value = item.partition("=")
+        if not equals or not field.strip():
+            raise ValueError(f"variant {variant!r}: {item!r} is not field=value")
+        fields[field.strip()] = _value(value.strip())
+    return name.strip(), fields
+
+
+_INTEGER = re.compile(r"[+-]?\d+")
+_FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+_WORDS = {"true": True, "false": False, "none": None}
+
+
+def _value(text: str):
+    if text.lower() in _WORDS:
+        return _WORDS[text.lower()]
+    if _INTEGER.fullmatch(text):
+        return int(text)
+    return float(text) if _FLOAT.fullmatch(text) else text
+
+
+def split_variants(text: str) -> list[str]:
+    """A comma-separated list of variants, commas inside a variant's brackets kept:
+    "beam,specscale[lv_max_deferrals=3,lv_sibling_trigger=false]" -> two variants."""
+    variants, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            variants.append(text[start:i])
+            start = i + 1
+    variants.append(text[start:])
+    return [v.strip() for v in variants if v.strip()]

@@ -164,8 +164,7 @@ class Search:
         candidates are scored in the same call)."""
         pending = [c for c in rd.candidates if c.alive and c.verified_order is None and not c.verify_sent]
         pending += self.lookahead.verified_with_round(self, rd)
-        groups = self.verification.round_completes_groups
-        return [self._verify(c, completes_group=groups) for c in pending]
+        return [self._verify(c, completes_group=True) for c in pending]  # a finished round: complete groups
 
     def _verify(self, c: Candidate, completes_group: bool) -> Verify:
         c.verify_sent = True

@@ -4,9 +4,10 @@
 - round: a request's whole round once it has finished generating, batched across requests (beam search);
 - immediate: each step as soon as it finishes, batched across requests (speculative variants);
 - lazy: each step as it finishes, held in the verifier's lazy queue until a lazy-verification trigger holds;
-- lazy_round: a request's whole round once it has finished generating, held in the same lazy queue (the
-  no-speculation control `beam+cd+lv`). Its steps raise no sibling-group trigger: without speculation every
-  finished round is a set of complete sibling groups, and flushing on it would make the control beam search;
+- lazy_round: a request's whole round once it has finished generating, held in the same lazy queue (an
+  ablation, in no preset). A finished round is a set of complete sibling groups, so with SPEC's sibling-group
+  trigger it flushes at once; with `SearchConfig.lv_sibling_trigger = False` whole rounds wait for the token,
+  deferral or age trigger (cross-request batching of rounds, without SPEC's trigger 2);
 - per_request: a request's whole round (with its LookAhead continuations), one request per PRM call (FastTTS).
 """
 
@@ -22,7 +23,6 @@ class Verification:
     name: str
     per_step: bool  # True: a step is sent as it finishes; False: a round at once, when it has finished generating
     batching: Batching  # how `search/verify_queue.py` batches this policy's steps
-    round_completes_groups: bool = True  # a round sent at once raises the sibling-group trigger
 
     @property
     def is_lazy(self) -> bool:
@@ -33,6 +33,6 @@ VERIFICATIONS = {
     "round": Verification("round", per_step=False, batching=AT_ONCE),
     "immediate": Verification("immediate", per_step=True, batching=AT_ONCE),
     "lazy": Verification("lazy", per_step=True, batching=LAZY),
-    "lazy_round": Verification("lazy_round", per_step=False, batching=LAZY, round_completes_groups=False),
+    "lazy_round": Verification("lazy_round", per_step=False, batching=LAZY),
     "per_request": Verification("per_request", per_step=False, batching=ONE_REQUEST),
 }

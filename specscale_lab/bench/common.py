@@ -40,7 +40,7 @@ from specscale_lab.bench.stack import PROBLEM_SET_SEED, BenchStack, RealStack, S
 from specscale.config import KERNEL_MODES
 from specscale.model.machine import MachineFingerprint
 from specscale.pipeline import Pipeline, PipelineConfig
-from specscale.search.presets import preset_config
+from specscale.search.presets import preset_config, split_variants
 from specscale.search.result import SearchResult
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.hardware import bundled_hardware
@@ -49,8 +49,8 @@ from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale_lab.calibration.workload_choice import DATASET_CHOICES, choose_workload, default_dataset
 from specscale_lab.tasks.toy import ToyProblem, is_correct, toy_problems
 
-LADDER = ("beam", "beam+cd", "beam+cd+lv", "naive-spec", "fasttts", "fasttts-xb", "ep-strict", "ep", "ep+cd",
-          "specscale")
+LADDER = ("beam", "beam+cd", "beam+cd+lv", "specscale-nospec", "naive-spec", "fasttts", "fasttts-xb", "ep-strict",
+          "ep", "ep+cd", "specscale")
 SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE + i
 DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight
 QUIET_CPU = 0.15  # share of all CPUs busy with other processes above which timings are flagged untrustworthy
@@ -82,8 +82,9 @@ def add_common_arguments(parser, variants: bool = True, problems: bool = True) -
     if problems:
         parser.add_argument("--problems", type=int, default=None, help="toy test problems per run")
     if variants:
-        parser.add_argument("--variants", "--presets", dest="variants", type=str_list, default=None,
-                            help="comma-separated presets")
+        parser.add_argument("--variants", "--presets", dest="variants", type=split_variants, default=None,
+                            help="comma-separated presets, each optionally with SearchConfig fields changed: "
+                                 "preset[field=value,...] (e.g. specscale[lv_sibling_trigger=false])")
     add_simulation_arguments(parser)
 
 

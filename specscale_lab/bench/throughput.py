@@ -33,6 +33,8 @@ TARGETS = (
     ("specscale", "beam+cd", 4, 1.0),
     ("specscale", "beam+cd+lv", 8, 1.0),
     ("specscale", "beam+cd+lv", 4, 1.0),
+    ("specscale", "specscale-nospec", 8, 1.0),
+    ("specscale", "specscale-nospec", 4, 1.0),
     ("specscale", "naive-spec", 8, 2.0),
     ("specscale", "naive-spec", 4, 2.0),
     ("specscale", "fasttts", 8, 1.8),

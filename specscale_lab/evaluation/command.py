@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specscale_lab.bench.common import (
     DEFAULT_CONCURRENCY, add_model_arguments, finish_info, fresh_runtime, open_pipeline, paired_seed, run_batch,
-    run_info, str_list,
+    run_info,
 )
 from specscale_lab.bench.stack import RealStack
 from specscale.config import SearchConfig
@@ -26,7 +26,7 @@ from specscale_lab.evaluation.progress import Progress
 from specscale_lab.evaluation.report import markdown, summarize
 from specscale_lab.evaluation.results import ResultsFolder
 from specscale.grading import DATASETS, AnswerGrader, Problem, load_problems, shared_grader
-from specscale.search.presets import PRESETS, preset_config
+from specscale.search.presets import PRESETS, parse_variant, preset_config, split_variants
 from specscale.search.result import SearchResult
 from specscale.prompts import MATH_SYSTEM_PROMPT
 
@@ -40,7 +40,7 @@ def add_eval(sub) -> None:
                        "(resumable JSONL records, table with 95%% CIs)")
     p.add_argument("--dataset", required=True, choices=sorted(DATASETS))
     p.add_argument("--problems", type=int, default=None, help="the first N problems (default: all)")
-    p.add_argument("--preset", type=str_list, default=["specscale"],
+    p.add_argument("--preset", type=split_variants, default=["specscale"],
                    help="comma-separated presets, compared paired with the first (default: specscale)")
     p.add_argument("--beam-size", type=int, default=8, help="N")
     p.add_argument("--beam-width", type=int, default=4, help="M, children per retained path")
@@ -90,7 +90,7 @@ def run_eval(args) -> int:
 
 
 def check_arguments(args) -> None:
-    unknown = [p for p in args.preset if p not in PRESETS]
+    unknown = [p for p in args.preset if parse_variant(p)[0] not in PRESETS]
     if unknown or not args.preset:
         raise SystemExit(f"unknown preset(s) {unknown}; choose from {sorted(PRESETS)}")
     if args.seeds < 1 or (args.problems is not None and args.problems < 1):
