@@ -70,7 +70,7 @@ def report(results: dict, sim: Simulation, args) -> str:
              f"{100 * r['accuracy']:.1f}%", ", ".join(f"{k} {v}" for k, v in sorted(r["flush_reasons"].items()))]
             for label, r in results.items()]
     return (f"\n{args.generator} + {args.prm} on {args.hardware}, {args.problems} {args.dataset} problems, "
-            f"N = {args.beam_size}, ≤ {args.max_concurrency} in flight, LV knee {sim.lv_threshold()} tokens\n\n"
+            f"N = {args.beam_size}, ≤ {args.max_concurrency} in flight, LV knee {sim.lv_threshold_tokens} tokens\n\n"
             + markdown_table(header, rows))
 
 

@@ -66,7 +66,8 @@ class Stack:
         options.setdefault("read_answers", read_answers)
         return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
                              max_concurrency=max_concurrency or self.max_concurrency,
-                             lv_threshold_tokens=lv_threshold_tokens or self.lv_threshold_tokens, **options)
+                             lv_threshold_tokens=self.lv_threshold_tokens if lv_threshold_tokens is None else lv_threshold_tokens,
+                             **options)
 
     def close(self) -> None:
         self.verifier.close()

@@ -1,5 +1,6 @@
 """One composition root: the real stack (the bundled toy checkpoints) and the simulated one resolve the
-LV threshold and the speculative row budget through the same functions (stack.py)."""
+LV threshold and the speculative row budget through the same functions (stack.py), and the lab's benchmark
+stacks (`specscale_lab/bench/stack.py`) are built on them, so a benchmark's options reach the same resolvers."""
 
 import specscale.pipeline as pipeline_module
 import specscale.sim.simulation as simulation_module
@@ -9,30 +10,39 @@ from specscale.sim import row_budget
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.workload import TOY
 from specscale.verify import profile
+from specscale.cli import build_parser
+from specscale.stack import Stack
+from specscale_lab.bench.common import open_stack
+from specscale_lab.bench.stack import BenchStack, RealStack, SimulatedStack
+
+
+def _resolvers_recording(monkeypatch, calls: list, rows: int, threshold: int) -> None:
+    """Both stacks' resolvers replaced by ones that record their arguments and answer rows / threshold."""
+
+    def resolve_rows(override, cost_model, generator, max_rows):
+        calls.append(("rows", override))
+        return rows
+
+    def resolve_threshold(override, profiled):
+        calls.append(("lv", override))
+        return threshold
+
+    for module in (pipeline_module, simulation_module):
+        monkeypatch.setattr(module, "resolve_row_budget", resolve_rows)
+        monkeypatch.setattr(module, "resolve_lv_threshold", resolve_threshold)
 
 
 def test_both_stacks_take_each_device_property_from_the_one_resolver(monkeypatch):
     assert pipeline_module.resolve_row_budget is simulation_module.resolve_row_budget is row_budget.resolve_row_budget
     assert pipeline_module.resolve_lv_threshold is simulation_module.resolve_lv_threshold \
         is profile.resolve_lv_threshold
-    calls = []
-
-    def rows(override, cost_model, generator, max_rows):
-        calls.append("rows")
-        return 5
-
-    def threshold(override, profiled):
-        calls.append("lv")
-        return 333
-
-    for module in (pipeline_module, simulation_module):
-        monkeypatch.setattr(module, "resolve_row_budget", rows)
-        monkeypatch.setattr(module, "resolve_lv_threshold", threshold)
+    calls: list = []
+    _resolvers_recording(monkeypatch, calls, rows=5, threshold=333)
     pipeline = Pipeline(PipelineConfig(generator_kv_gb=0.1, prm_kv_gb=0.1))
     simulation = Simulation(SimulationConfig(hardware="cpu", generator=str(TOY_GENERATOR), prm=str(TOY_PRM),
                                              workload=TOY))
     try:
-        assert calls == ["rows", "lv", "rows", "lv"]
+        assert calls == [("rows", None), ("lv", None), ("rows", None), ("lv", None)]
         for stack in (pipeline, simulation):
             assert stack.engine.scheduler.spare_rows == stack.spare_rows == 5
             assert stack.lv_threshold_tokens == 333
@@ -51,3 +61,26 @@ def test_the_lv_resolver_prefers_the_override_then_the_profile_then_the_default(
 def test_the_row_budget_resolver_is_unbounded_without_a_cost_model():
     assert row_budget.resolve_row_budget(7, None, None, 512) == 7
     assert row_budget.resolve_row_budget(None, None, None, 512) is None
+
+
+def test_the_benchmark_stacks_are_built_on_the_stack_and_pass_their_options_to_the_one_resolver(monkeypatch):
+    """`--backend real` and `--backend sim` open a `Stack` whose device properties come from the resolvers
+    above, with the options `--spare-rows` / `--lv-threshold` as their overrides: no second default."""
+    calls: list = []
+    _resolvers_recording(monkeypatch, calls, rows=6, threshold=444)
+    options = ["--out", "x", "--max-concurrency", "4", "--spare-rows", "3", "--lv-threshold", "99", "--kv-gb", "0.1", "--prm-kv-gb", "0.1"]
+    real = open_stack(build_parser().parse_args(["bench", "throughput", *options, "--backend", "real"]))
+    simulated = open_stack(build_parser().parse_args(["simulate", "throughput", *options, "--hardware", "cpu",
+                                                      "--generator", str(TOY_GENERATOR), "--prm", str(TOY_PRM)]))
+    try:
+        assert calls == [("rows", 3), ("lv", 99), ("rows", 3), ("lv", 99)]
+        assert isinstance(real, RealStack) and isinstance(simulated, SimulatedStack)
+        for bench in (real, simulated):
+            assert isinstance(bench, BenchStack) and isinstance(bench.stack, Stack)
+            assert bench.engine is bench.stack.engine and bench.verifier is bench.stack.verifier
+            assert bench.lv_threshold_tokens == bench.runtime().lv_threshold_tokens == 444
+            assert bench.spare_rows == bench.engine.scheduler.spare_rows == 6
+            assert bench.describe()["lv_threshold_tokens"] == 444 and bench.describe()["spare_rows"] == 6
+    finally:
+        real.close()
+        simulated.close()

@@ -115,10 +115,6 @@ class Simulation(Stack):
     def request(self, problem: Problem, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
         return SearchRequest(problem.question, list(problem.prompt_ids), config, request_id)
 
-    def lv_threshold(self) -> int:
-        """The resolved LV threshold (a runtime's default)."""
-        return self.lv_threshold_tokens
-
     def profiled_lv_threshold(self) -> int:
         """`specscale profile-prm`'s knee, computed on the cost model for the batches it measures."""
         points = []

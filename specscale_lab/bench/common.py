@@ -118,7 +118,8 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--kv-gb", type=float, default=PipelineConfig.generator_kv_gb, help="generator KV pool")
     parser.add_argument("--prm-kv-gb", type=float, default=PipelineConfig.prm_kv_gb, help="PRM KV pool")
     parser.add_argument("--spare-rows", type=int, default=None,
-                        help="speculative rows only fill an iteration up to this many rows (default: 32 on CPU, no cap on CUDA)")
+                        help="speculative rows only fill an iteration up to this many rows (default: the device's budget on its "
+                             "cost model, sim/row_budget.py; no cap on a device without one)")
     parser.add_argument("--lv-threshold", type=int, default=None,
                         help="lazy-verification threshold in PRM tokens (default: the profiled one, else 2048)")
 
@@ -166,7 +167,7 @@ def open_pipeline(args, **config) -> Pipeline:
 def open_stack(args) -> BenchStack:
     """The stack `--backend` names: checkpoints (`open_pipeline`) or the simulator (`open_simulation`)."""
     if getattr(args, "backend", "real") == "sim":
-        return SimulatedStack(open_simulation(args), args.lv_threshold)
+        return SimulatedStack(open_simulation(args))
     return RealStack(open_pipeline(args))
 
 
@@ -180,7 +181,8 @@ def open_simulation(args) -> Simulation:
     workload = choose_workload(dataset, generator, prm, args.workload, getattr(args, "perfect_share", None))
     return Simulation(SimulationConfig(
         hardware=args.hardware, generator=args.generator, prm=args.prm, dataset=dataset, workload=workload,
-        prm_kv_share=args.prm_kv_share, spare_rows=args.spare_rows, seed=args.seed,
+        prm_kv_share=args.prm_kv_share, spare_rows=args.spare_rows,
+        lv_threshold_tokens=args.lv_threshold, seed=args.seed,
     ))
 
 

@@ -1,69 +1,110 @@
-"""The serving stack a benchmark runs on: the real models (`Pipeline`) or the simulator (`Simulation`).
+"""The serving stack a benchmark runs on: a `specscale/stack.py` `Stack` (the one composition root: the real
+models' `Pipeline` or the simulator's `Simulation`) plus the workload a benchmark serves on it.
 
 Every `specscale bench` sub-command drives a stack through this one surface, so `specscale bench <name>
---backend sim` and `specscale simulate <name>` run the very code of a real run (docs/simulator.md):
+--backend sim` and `specscale simulate <name>` run the very code of a real run (docs/simulator.md). The
+engines, the verifier, the clock and the device properties (LV threshold, speculative row budget) are the
+`Stack`'s, resolved there once; a `BenchStack` adds only what differs between a real and a simulated run:
+where the problems come from, how a question becomes a request, what "waiting" means for an open-loop
+benchmark (sleep or advance the virtual clock), and what the run record says about the models.
 `RealStack` serves the bundled toy problems on checkpoints and the wall clock; `SimulatedStack` serves the
-simulator's problems on the simulated models and the virtual clock. What differs between the two is here
-and only here: where the problems come from, how a question becomes a request, what "waiting" means for
-an open-loop benchmark (sleep or advance the virtual clock), and what the run record says about the models.
+simulator's problems on the simulated models and the virtual clock.
 """
 
 from __future__ import annotations
 
+import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Protocol
-
-import time
 
 from specscale.config import SearchConfig
 from specscale.engine.engine import Engine
 from specscale.pipeline import Pipeline
+from specscale.search.backend import GeneratorBackend, VerifierBackend
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.simulation import Simulation
-from specscale_lab.tasks.toy import toy_problems
+from specscale.stack import Stack
 from specscale.verify.prm import Verifier
+from specscale_lab.tasks.toy import toy_problems
 
 PROBLEM_SET_SEED = 0  # every sub-command draws its problems from the same held-out set
 
 
-class BenchStack(Protocol):
-    """What a benchmark needs from the models it serves (`RealStack`, `SimulatedStack`)."""
+class BenchStack(ABC):
+    """A `Stack` and the workload served on it. The engines, clock and device properties are the stack's."""
 
-    engine: Engine  # the generator engine (its block manager, scheduler and tokenizer are reported)
-    verifier: Verifier
-    lv_threshold_tokens: int
-    clock: Callable[[], float]  # seconds: wall on real models, simulated on the simulator
     warms_up: bool  # whether a short run must precede timed ones (kernels, allocator, caches)
     difficulty_unit: str  # what `difficulty` counts
 
-    def runtime(self, max_concurrency: int, **options) -> SearchRuntime: ...
-    def backends(self) -> tuple: ...
+    def __init__(self, stack: Stack):
+        self.stack = stack
+
+    # ---- the composition root's, as it resolved them -------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        """The generator engine (its block manager, scheduler and tokenizer are reported)."""
+        return self.stack.engine
+
+    @property
+    def verifier(self) -> VerifierBackend:
+        return self.stack.verifier
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """Seconds: wall on real models, simulated on the simulator."""
+        return self.stack.clock
+
+    @property
+    def lv_threshold_tokens(self) -> int:
+        return self.stack.lv_threshold_tokens
+
+    @property
+    def spare_rows(self) -> int | None:
+        return self.stack.spare_rows
+
+    def runtime(self, max_concurrency: int | None = None, **options) -> SearchRuntime:
+        return self.stack.runtime(max_concurrency, **options)
+
+    def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
+        return self.stack.backends()
+
+    def close(self) -> None:
+        self.stack.close()
+
+    def describe(self) -> dict:
+        """What the run record says about the models and the device properties."""
+        return {**self.describe_models(), "lv_threshold_tokens": self.lv_threshold_tokens,
+                "kv_blocks": self.engine.block_manager.num_blocks, "spare_rows": self.spare_rows}
+
+    # ---- the workload: each stack's own --------------------------------------------------------------
+    @abstractmethod
     def problems(self, count: int) -> list: ...
+
+    @abstractmethod
     def request(self, problem, config: SearchConfig, request_id: str | None = None) -> SearchRequest: ...
+
+    @abstractmethod
     def difficulty(self, problem) -> int: ...
-    def wait_until(self, until: float) -> None: ...  # until clock() >= until
-    def describe(self) -> dict: ...
-    def close(self) -> None: ...
+
+    @abstractmethod
+    def wait_until(self, until: float) -> None:
+        """Until clock() >= until."""
+
+    @abstractmethod
+    def describe_models(self) -> dict: ...
 
 
-class RealStack:
+class RealStack(BenchStack):
     """A `Pipeline` on checkpoints, serving the toy task's held-out problems on the wall clock."""
 
     warms_up = True
     difficulty_unit = "events"
 
     def __init__(self, pipeline: Pipeline):
-        self.pipeline, self.engine, self.verifier = pipeline, pipeline.engine, pipeline.verifier
-        self.lv_threshold_tokens = pipeline.lv_threshold_tokens
-        self.clock = pipeline.clock
-
-    def runtime(self, max_concurrency: int, **options) -> SearchRuntime:
-        return self.pipeline.runtime(max_concurrency, **options)
-
-    def backends(self) -> tuple:
-        return self.pipeline.backends()
+        super().__init__(pipeline)
+        self.pipeline = pipeline
 
     def problems(self, count: int) -> list:
         return toy_problems("test", count, seed=PROBLEM_SET_SEED)
@@ -77,40 +118,24 @@ class RealStack:
     def wait_until(self, until: float) -> None:
         time.sleep(max(until - self.clock(), 0.0))
 
-    def describe(self) -> dict:
+    def describe_models(self) -> dict:
         generator, prm = self.pipeline.config.generator, self.pipeline.config.prm
-        return {
-            "backend": "real",
-            "models": {"generator": str(Path(generator).resolve()), "prm": str(Path(prm).resolve()),
-                       "generator_dtype": str(self.engine.runner_dtype).removeprefix("torch."),
-                       "prm_dtype": str(self.verifier.engine.runner_dtype).removeprefix("torch.")},
-            "lv_threshold_tokens": self.lv_threshold_tokens,
-            "kv_blocks": self.engine.block_manager.num_blocks,
-            "spare_rows": self.engine.scheduler.spare_rows,
-            "kernels": self.pipeline.kernels(),
-        }
-
-    def close(self) -> None:
-        self.pipeline.close()
+        models = {"generator": str(Path(generator).resolve()), "prm": str(Path(prm).resolve()),
+                  "generator_dtype": _dtype(self.engine)}
+        if isinstance(self.verifier, Verifier):  # a PRM served in this process (a remote one reports its own)
+            models["prm_dtype"] = _dtype(self.verifier.engine)
+        return {"backend": "real", "models": models, "kernels": self.pipeline.kernels()}
 
 
-class SimulatedStack:
+class SimulatedStack(BenchStack):
     """A `Simulation`: the simulator's problems on simulated models and the virtual clock."""
 
     warms_up = False  # nothing to build or warm: the simulated forward passes cost no host setup
     difficulty_unit = "level"
 
-    def __init__(self, simulation: Simulation, lv_threshold_tokens: int | None = None):
-        self.simulation, self.engine, self.verifier = simulation, simulation.engine, simulation.verifier
-        self.lv_threshold_tokens = lv_threshold_tokens or simulation.lv_threshold()
-        self.clock = simulation.clock
-
-    def runtime(self, max_concurrency: int, **options) -> SearchRuntime:
-        options.setdefault("lv_threshold_tokens", self.lv_threshold_tokens)
-        return self.simulation.runtime(max_concurrency, **options)
-
-    def backends(self) -> tuple:
-        return self.simulation.backends()
+    def __init__(self, simulation: Simulation):
+        super().__init__(simulation)
+        self.simulation = simulation
 
     def problems(self, count: int) -> list:
         return self.simulation.problems(count)
@@ -124,7 +149,7 @@ class SimulatedStack:
     def wait_until(self, until: float) -> None:
         self.simulation.clock.advance_to(until)
 
-    def describe(self) -> dict:
+    def describe_models(self) -> dict:
         sim = self.simulation
         return {
             "backend": "sim",
@@ -133,11 +158,9 @@ class SimulatedStack:
             "models": {"generator": sim.generator_profile.name, "prm": sim.prm_profile.name,
                        "prm_format": sim.prm_format},
             "workload": sim.workload.to_json(),
-            "lv_threshold_tokens": self.lv_threshold_tokens,
-            "kv_blocks": self.engine.block_manager.num_blocks,
-            "prm_kv_blocks": self.verifier.engine.block_manager.num_blocks,
-            "spare_rows": self.engine.scheduler.spare_rows,
+            "prm_kv_blocks": sim.verifier.engine.block_manager.num_blocks,
         }
 
-    def close(self) -> None:
-        self.simulation.close()
+
+def _dtype(engine: Engine) -> str:
+    return str(engine.runner_dtype).removeprefix("torch.")
