@@ -60,7 +60,7 @@ import torch
 from specscale.config import KERNEL_MODES, EngineConfig
 from specscale.defaults import TOY_GENERATOR
 from specscale.engine.engine import Engine
-from specscale.engine.sequence import SamplingParams
+from specscale.seam import SamplingParams
 from specscale.model.kernel_choice import describe_paths
 from specscale.model.machine import MachineFingerprint
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from specscale.config import EngineConfig
-from specscale.verify.prm import ScoreRequest, Verifier, VerifierConfig
+from specscale.verify.prm import Verifier, VerifierConfig
+from specscale.seam import ScoreRequest
 
 BEAM_WIDTH = 4  # M: children per kept path
 QUESTION_WORDS, STEP_WORDS = 128, 64

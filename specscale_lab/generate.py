@@ -32,7 +32,7 @@ def default_prompts(n: int) -> list[str]:
 def run_generate(args) -> int:
     from specscale.config import EngineConfig
     from specscale.engine.engine import Engine
-    from specscale.engine.sequence import SamplingParams
+    from specscale.seam import SamplingParams
 
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, kernels=args.kernels))
     tok = engine.tokenizer

@@ -15,9 +15,9 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specscale.search.backend import (
-    AbortSequence, BranchSequence, KVUsage, PauseSequence, PrioritizeSequence, SamplingParams, SequenceId,
-    SequenceOp, SequenceState, SequenceUpdate, StartSequence,
+from specscale.seam import (
+    AbortSequence, BranchSequence, KVUsage, PauseSequence, PrioritizeSequence, SamplingParams, SequenceId, SequenceOp,
+    SequenceState, SequenceUpdate, StartSequence,
 )
 from specscale.sim.clock import VirtualClock
 

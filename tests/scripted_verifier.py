@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specscale.search.backend import KVUsage, ScoreRequest, ScoreResult
+from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 from specscale.sim.clock import VirtualClock
 from scripted_generator import stable_hash
 

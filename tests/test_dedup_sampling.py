@@ -13,7 +13,8 @@ from engine_helpers import make_engine
 from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM
 
-from specscale.engine.sequence import SamplingParams, SequenceStatus
+from specscale.engine.sequence import SequenceStatus
+from specscale.seam import SamplingParams
 
 PROMPT = [5, 17, 42, 99, 120, 7]
 M, TRIALS, TOP_K, TEMPERATURE = 4, 1500, 3, 1.0

@@ -6,7 +6,8 @@ import torch
 from engine_helpers import ScriptedSampler, check_blocks, generated, make_engine, run_until_idle
 from transformers import AutoModelForCausalLM
 
-from specscale.engine.sequence import FinishReason, SamplingParams, SequenceStatus
+from specscale.engine.sequence import FinishReason, SequenceStatus
+from specscale.seam import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
 PROMPT = [5, 17, 42, 99, 120, 7, 8, 9, 10, 11, 250]

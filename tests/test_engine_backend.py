@@ -7,9 +7,9 @@ import dataclasses
 
 from engine_helpers import make_engine
 
-from specscale.engine.sequence import SamplingParams
-from specscale.search.backend import (
-    AbortSequence, BranchSequence, EndReason, PauseSequence, PrioritizeSequence, SequenceState, StartSequence,
+from specscale.seam import (
+    AbortSequence, BranchSequence, EndReason, PauseSequence, PrioritizeSequence, SamplingParams, SequenceState,
+    StartSequence,
 )
 from specscale.search.engine_backend import EngineBackend
 

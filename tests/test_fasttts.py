@@ -12,11 +12,10 @@ from specscale.search.selection import BeamSelection
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.seeds import node_seed
 from specscale.search.tree import CandidateState
-from specscale.engine.block_manager import KVUsage
+from specscale.seam import KVUsage, ScoreResult
 from specscale.sim.clock import VirtualClock
 from scripted_generator import EOS, NEWLINE, ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
-from specscale.verify.prm import ScoreResult
 
 PROMPT = [1, 2, 3, 4, 5]
 

@@ -121,3 +121,14 @@ def test_a_lab_import_in_the_system_is_found():
     modules: set[str] = set()
     graph = {"specscale.cli": imports_in(planted, modules), "specscale_lab.commands": {"specscale.cli"}}
     assert lab_imports(graph) == {"specscale.cli": {"specscale_lab.tasks.toy", "specscale_lab.bench"}}
+
+
+def test_the_seam_is_a_leaf_that_every_side_imports():
+    """`specscale/seam/` (the values crossing the backend seam) imports nothing of specscale outside itself, so
+    the engine, the verifier, the search, the simulator and the scale-out layer may all import it."""
+    graph = import_graph()
+    seam = {name: targets for name, targets in graph.items() if name.startswith("specscale.seam")}
+    assert seam and all(t.startswith("specscale.seam") for targets in seam.values() for t in targets)
+    importers = {package_of(name) for name, targets in graph.items()
+                 if any(t.startswith("specscale.seam") for t in targets) and not name.startswith("specscale.seam")}
+    assert {"specscale.engine", "specscale.verify", "specscale.search", "specscale.scaleout"} <= importers

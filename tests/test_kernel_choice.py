@@ -114,7 +114,7 @@ def engine_logits(path, dtype: str, kernels, prompts) -> list[torch.Tensor]:
         return original(seqs, logits)
 
     engine._sample_and_append = capture
-    from specscale.engine.sequence import SamplingParams
+    from specscale.seam import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
     ids = [engine.add(p, params) for p in prompts]

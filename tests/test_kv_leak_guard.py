@@ -19,7 +19,7 @@ PLANTED_LEAK = """
 import os
 import pytest
 from engine_helpers import make_engine
-from specscale.engine.sequence import SamplingParams
+from specscale.seam import SamplingParams
 
 @pytest.fixture(scope="module")
 def shared_engine():

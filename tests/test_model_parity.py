@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from specscale.config import EngineConfig
 from specscale.engine.engine import Engine
-from specscale.engine.sequence import SamplingParams
+from specscale.seam import SamplingParams
 
 PROMPT_LENGTHS = [3, 17, 40, 1, 33]
 DECODE_STEPS = 20

@@ -10,7 +10,7 @@ from engine_helpers import serving_pipeline
 from specscale.pipeline import PipelineConfig
 from specscale.search.presets import preset_config
 from specscale.verify.formats import clean_steps
-from specscale.verify.prm import ScoreRequest
+from specscale.seam import ScoreRequest
 
 PRM_CONTEXT = 96  # positions of the PRM: a few 24-token steps fit, five do not
 

@@ -11,7 +11,7 @@ from ray.exceptions import ActorDiedError
 
 from specscale.cli import build_parser
 from specscale.config import EngineConfig
-from specscale.engine.block_manager import KVUsage
+from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 from specscale.pipeline import PipelineConfig
 from specscale.scaleout.cluster_counters import ClusterCounters
 from specscale.scaleout.command import scale_out_config
@@ -20,7 +20,7 @@ from specscale.scaleout.prm_batch_counters import PRMBatchCounters
 from specscale.scaleout.remote_verifier import PRMUnavailable, RemoteVerifier
 from specscale.scaleout.score_call import ScoreCall, ScoreReply
 from specscale.serve import pipeline_config, run_serve, server_settings
-from specscale.verify.prm import ScoreRequest, ScoreResult, Verifier, VerifierConfig
+from specscale.verify.prm import Verifier, VerifierConfig
 
 QUESTION = "Tom has 12 apples. He buys 7 more. How many apples does Tom have?"
 

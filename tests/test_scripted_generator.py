@@ -1,8 +1,7 @@
 """The package's scripted generator keeps the backend seam's lane contract (search/backend.py): each lane of a
 row writes the step its own lane seed scripts, and split rows say which lanes they hold."""
 
-from specscale.engine.sequence import SamplingParams
-from specscale.search.backend import SequenceState, StartSequence
+from specscale.seam import SamplingParams, SequenceState, StartSequence
 from specscale.sim.clock import VirtualClock
 from scripted_generator import ScriptedGenerator, seeded_step
 

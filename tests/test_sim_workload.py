@@ -23,7 +23,7 @@ from specscale.sim.workload import (
     slip_rates,
 )
 from specscale.verify.formats import make_format
-from specscale.verify.prm import ScoreRequest
+from specscale.seam import ScoreRequest
 
 MATH = preset("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b")
 FRESH_IDS = itertools.count(10**9)  # sequence ids never seen by a generator (its state cache is keyed by them)

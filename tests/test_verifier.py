@@ -16,14 +16,8 @@ from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
 from scripted_generator import EOS, NEWLINE, ScriptedGenerator, seeded_step
-from specscale.verify import (
-    QwenMathPRMFormat,
-    RLHFlowFormat,
-    ScoreRequest,
-    Verifier,
-    VerifierConfig,
-    clean_steps,
-)
+from specscale.verify import QwenMathPRMFormat, RLHFlowFormat, Verifier, VerifierConfig, clean_steps
+from specscale.seam import ScoreRequest
 from specscale.verify.prm import boundary_keys
 
 QUESTION = "Tom has 12 apples. He buys 7 more and gives away 5. How many apples does he have?"

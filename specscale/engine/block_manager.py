@@ -14,17 +14,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from specscale.engine.sequence import Sequence
-
-
-@dataclass(frozen=True)
-class KVUsage:
-    """KV blocks in use out of a pool's total."""
-
-    used_blocks: int
-    total_blocks: int
+from specscale.seam import KVUsage
 
 
 class BlockManager:

@@ -27,7 +27,8 @@ from specscale.config import EngineConfig
 from specscale.engine.block_manager import BlockManager
 from specscale.engine.sampler import Sampler, SampleRow
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
-from specscale.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+from specscale.engine.sequence import FinishReason, Sequence, SequenceStatus
+from specscale.seam import SamplingParams
 from specscale.engine.model_runner import ModelRunner, RunnerOutput
 from specscale.model.memory import ModelMemory
 from specscale.engine.torch_runner import TorchModelRunner

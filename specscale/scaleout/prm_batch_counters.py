@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from specscale.search.backend import KVUsage
+from specscale.seam import KVUsage
 
 
 class PRMBatchCounters:

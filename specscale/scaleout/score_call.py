@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specscale.search.backend import KVUsage, ScoreRequest, ScoreResult
+from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from specscale.verify.formats import PRMFormat, PRMInput, clean_steps
-from specscale.search.backend import ScoreRequest
+from specscale.seam import ScoreRequest
 from specscale.verify.prm import boundary_keys
 
 

@@ -24,7 +24,7 @@ from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.prm_batch_counters import PRMBatchCounters
 from specscale.scaleout.replica import ReplicaStatus
 from specscale.scaleout.score_call import ScoreCall, ScoreReply
-from specscale.search.backend import ScoreResult
+from specscale.seam import ScoreResult
 
 
 class VerifierReplica:

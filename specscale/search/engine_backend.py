@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specscale.engine.block_manager import KVUsage
-from specscale.engine.engine import Engine, SequenceOutput
-from specscale.engine.sequence import FinishReason, SequenceStatus
-from specscale.search.backend import (
-    AbortSequence, BranchSequence, EndReason, PauseSequence, PrioritizeSequence, SequenceId, SequenceOp,
+from specscale.seam import (
+    AbortSequence, BranchSequence, EndReason, KVUsage, PauseSequence, PrioritizeSequence, SequenceId, SequenceOp,
     SequenceState, SequenceUpdate, StartSequence,
 )
+from specscale.engine.engine import Engine, SequenceOutput
+from specscale.engine.sequence import FinishReason, SequenceStatus
 
 ENDED = {FinishReason.READOUT: SequenceState.READOUT, FinishReason.PREEMPTED: SequenceState.LOST}
 BY_STATUS = {SequenceStatus.RUNNING: SequenceState.GENERATING, SequenceStatus.WAITING: SequenceState.GENERATING,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specscale.config import SearchConfig
-from specscale.search.backend import KVUsage, SequenceId
+from specscale.seam import KVUsage, SequenceId
 from specscale.search.protocol import Expand
 from specscale.search.result import SearchResult, Timings, Usage
 from specscale.search.search import Search

@@ -26,11 +26,11 @@ import time as _time
 from collections import deque
 from collections.abc import Callable
 
-from specscale.engine.sequence import SamplingParams
-from specscale.search.backend import (
-    AbortSequence, BranchSequence, GeneratorBackend, PauseSequence, PrioritizeSequence, SequenceId,
-    SequenceOp, SequenceState, SequenceUpdate, StartSequence, VerifierBackend,
+from specscale.seam import (
+    AbortSequence, BranchSequence, PauseSequence, PrioritizeSequence, SamplingParams, ScoreRequest, SequenceId,
+    SequenceOp, SequenceState, SequenceUpdate, StartSequence,
 )
+from specscale.search.backend import GeneratorBackend, VerifierBackend
 from specscale.search.lazy_flush import FlushSignals, flush_policy
 from specscale.search.lookahead import head_start
 from specscale.search.metrics import RunMetrics
@@ -46,7 +46,6 @@ from specscale.search.search import Search
 from specscale.search.verification import VERIFICATIONS
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
 from specscale.prompts import STEP_SEPARATOR
-from specscale.verify.prm import ScoreRequest
 from specscale.verify.profile import DEFAULT_LV_THRESHOLD
 
 

@@ -10,7 +10,7 @@ from specscale.verify.formats import (
     format_name_for,
     make_format,
 )
-from specscale.verify.prm import ScoreRequest, ScoreResult, Verifier, VerifierConfig, VerifierStats
+from specscale.verify.prm import Verifier, VerifierConfig, VerifierStats
 from specscale.verify.profile import load_lv_threshold
 
 __all__ = [
@@ -19,8 +19,6 @@ __all__ = [
     "PRMInput",
     "QwenMathPRMFormat",
     "RLHFlowFormat",
-    "ScoreRequest",
-    "ScoreResult",
     "Verifier",
     "VerifierConfig",
     "VerifierStats",

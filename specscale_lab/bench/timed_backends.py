@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from specscale.engine.block_manager import KVUsage
-from specscale.search.backend import GeneratorBackend, SequenceOp, SequenceUpdate, VerifierBackend
-from specscale.verify.prm import ScoreRequest, ScoreResult
+from specscale.seam import KVUsage, ScoreRequest, ScoreResult, SequenceOp, SequenceUpdate
+from specscale.search.backend import GeneratorBackend, VerifierBackend
 
 
 class TimedGenerator:
