@@ -75,11 +75,13 @@ class SearchConfig:
 
     beam_size N logical candidates per round, beam_width M children per retained path (k = N / M
     retained). selection: "beam" (global top-k), "dvts" (top-1 per sibling group), "best_of_n"
-    (N full samples, one round). speculative: verified candidates are expanded before their round is
-    decided, up to speculation_depth rounds ahead of the last decided round; rank_speculation: the engine
-    runs speculative rows in order of their parent's survival rank in its round (False: oldest first, an
-    ablation). prune_strict /
-    perfect_shortcut: early pruning. dedup: computation deduplication (CD). verification: "round" (a
+    (N full samples, one round). speculation: the speculation policy's name (search/speculation.py), "none"
+    or "eager" (verified candidates are expanded before their round is decided, up to speculation_depth
+    rounds ahead of the last decided round); rank_speculation: the engine runs speculative rows in order of
+    their parent's survival rank in its round (False: oldest first, an ablation). pruning: the early-pruning
+    policy's name (search/pruning.py), "none", "strict" or "strict_ties"; perfect_shortcut: SPEC's
+    perfect-score shortcut (a separate switch). Policy names are checked when a search is built from the
+    config (`search/presets.py` `preset_config`, `Search`). dedup: computation deduplication (CD). verification: "round" (a
     request's whole round at once, batched across requests), "immediate" (each step as it finishes),
     "lazy" (queued as it finishes, flushed on the lazy-verification triggers), "lazy_round" (a round at once,
     queued as "lazy" is: an ablation), "per_request" (FastTTS: one PRM call per round per request). lv_policy: which triggers flush lazy steps, "fixed" (threshold, sibling group,
@@ -109,10 +111,10 @@ class SearchConfig:
     max_step_tokens: int = 2048
     seed: int | None = None
     selection: str = "beam"
-    speculative: bool = False
+    speculation: str = "none"
     speculation_depth: int = 1
     rank_speculation: bool = True
-    prune_strict: bool = False
+    pruning: str = "none"
     perfect_shortcut: bool = False
     dedup: bool = False
     verification: str = "round"

@@ -20,7 +20,8 @@ SETTINGS = dict(beam_size=4, beam_width=2, max_rounds=4, max_step_tokens=48)
 # per preset, recorded on main at 39c0202 (before the policy refactor); a preset whose behaviour changes on
 # purpose gets its new digest in the same commit, which says why (the others must not move). Changed since:
 # beam+cd+lv (its steps go through the lazy queue as they finish, with every SPEC trigger) and the new
-# specscale-nospec (issue 31's all-but-speculation control).
+# specscale-nospec (issue 31's all-but-speculation control); ep-strict+ties (issue 28's one-class variant,
+# recorded when it was added).
 EXPECTED = {
     "scripted": {
         "beam": "b63446134be45d99d7b9c822b8af7e7a50e137481ec39b13bda8442b25772df9",
@@ -31,6 +32,7 @@ EXPECTED = {
         "ep": "a5a3728745c4083e5646e854073af8ece84c70661545f38610b91169cab240d1",
         "ep+cd": "9b768b8574ebdab4f030ac09cf6484d30007c1dae8c701d41837c998c69c69ef",
         "ep-strict": "32dab35d944f7bba122b7b6893c3b7d6561af4a836f4bc84790364b1a18028f3",
+        "ep-strict+ties": "3e26ac8653d3256a95f5a577bf6ea2fe21de16dc43f935f8463f6872516deada",
         "fasttts": "e72e267511dda14dd624493d7b679f467457865cd6053960278e445e50adf5fc",
         "fasttts-db": "509e4efae7efe8e263210df29b5b2d76860034e89823be95f07822ba4d6dc985",
         "fasttts-xb": "8429afbafcc754e0e96fb1bdfc8acbbbe54c089f0eadd165fff6088d36f06b6e",
@@ -48,6 +50,7 @@ EXPECTED = {
         "ep": "60c67ef78e379d8b0c6716999d5b6d62945a84b649ecf497b25a8d1fe07bbdbc",
         "ep+cd": "ff9701c0b3fc788bcef3c1e7fecc2049a3a701318910663e62546e5e62c40da0",
         "ep-strict": "f93aad85639fc9833979819f052e1dc1f91700005b37e412458c62bed69f214f",
+        "ep-strict+ties": "1181c9e543c391c5f52fca865447f1988de96bac7b3758c719d8aec56d8dc168",
         "fasttts": "cdd621425261ea8ef5d636c46dea14586e7cabb59aa0ce221570e4f6581c354a",
         "fasttts-db": "4f27105cf84c1aec14a25b501ac5ac93092fd0741e465c9cb0ebdcdab7f84fdd",
         "fasttts-xb": "e71ea18f55d2ce07f452a4b3713a6298e72bdfe43f9cca3d5bb3424120d6955b",

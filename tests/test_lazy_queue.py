@@ -140,7 +140,7 @@ def test_the_no_speculation_control_batches_across_requests_and_keeps_beam_cds_p
 
 def test_the_all_but_speculation_control_is_specscale_with_speculation_off():
     control, specscale = preset_config("specscale-nospec"), preset_config("specscale")
-    assert control == replace(specscale, speculative=False)
+    assert control == replace(specscale, speculation="none")
     run = scripted_run("specscale-nospec")
     assert all(r.usage.wasted_tokens == 0 for r in map(run.result, run.finished_ids()))  # nothing speculative
 

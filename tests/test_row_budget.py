@@ -8,7 +8,8 @@ from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.sim.row_budget import hardware_profile_for, speculative_row_budget
 from specscale.search.presets import preset_config
 from specscale.search.protocol import Expand, ScoresArrived, SetPriority, StepFinished, Verify
-from specscale.search.search import SPECULATION_BAND, Search
+from specscale.search.search import Search
+from specscale.search.speculation import SPECULATION_BAND
 from specscale.sim.cost import CostModel, RooflineCostModel, bytes_moved, compute_seconds, IterationWork
 from specscale.sim.hardware import HardwareProfile
 from specscale.sim.model_profile import ModelProfile

@@ -211,31 +211,33 @@ def test_strict_pruning_with_filter_duplicates_retains_what_beam_retains():
 
 
 def test_every_preset_is_a_composition_of_policy_objects():
+    from specscale.search.pruning import PerfectShortcut
     from specscale.search.search import Search
     from specscale.search.selection import BeamSelection, BestOfNSelection, DVTSSelection
 
     expected = {
-        "beam": (BeamSelection, "round", 0, False, (False, False), False),
-        "beam+cd": (BeamSelection, "round", 0, False, (False, False), True),
-        "beam+cd+lv": (BeamSelection, "lazy", 0, False, (False, False), True),
-        "best-of-n": (BestOfNSelection, "round", 0, False, (False, False), False),
-        "dvts": (DVTSSelection, "round", 0, False, (False, False), False),
-        "naive-spec": (BeamSelection, "immediate", 1, False, (False, False), False),
-        "fasttts": (BeamSelection, "per_request", 0, True, (False, False), False),
-        "fasttts-xb": (BeamSelection, "round", 0, True, (False, False), False),
-        "fasttts-db": (BeamSelection, "per_request", 0, True, (False, False), False),  # + dynamic branching
-        "ep-strict": (BeamSelection, "immediate", 1, False, (True, False), False),
-        "ep": (BeamSelection, "immediate", 1, False, (True, True), False),
-        "ep+cd": (BeamSelection, "immediate", 1, False, (True, True), True),
-        "specscale": (BeamSelection, "lazy", 1, False, (True, True), True),
-        "specscale-adaptive": (BeamSelection, "lazy", 1, False, (True, True), True),  # + the adaptive flush policy
-        "specscale-nospec": (BeamSelection, "lazy", 0, False, (True, True), True),
+        "beam": (BeamSelection, "round", 0, False, ("none", False), False),
+        "beam+cd": (BeamSelection, "round", 0, False, ("none", False), True),
+        "beam+cd+lv": (BeamSelection, "lazy", 0, False, ("none", False), True),
+        "best-of-n": (BestOfNSelection, "round", 0, False, ("none", False), False),
+        "dvts": (DVTSSelection, "round", 0, False, ("none", False), False),
+        "naive-spec": (BeamSelection, "immediate", 1, False, ("none", False), False),
+        "fasttts": (BeamSelection, "per_request", 0, True, ("none", False), False),
+        "fasttts-xb": (BeamSelection, "round", 0, True, ("none", False), False),
+        "fasttts-db": (BeamSelection, "per_request", 0, True, ("none", False), False),  # + dynamic branching
+        "ep-strict": (BeamSelection, "immediate", 1, False, ("strict", False), False),
+        "ep-strict+ties": (BeamSelection, "immediate", 1, False, ("strict_ties", False), False),
+        "ep": (BeamSelection, "immediate", 1, False, ("strict", True), False),
+        "ep+cd": (BeamSelection, "immediate", 1, False, ("strict", True), True),
+        "specscale": (BeamSelection, "lazy", 1, False, ("strict", True), True),
+        "specscale-adaptive": (BeamSelection, "lazy", 1, False, ("strict", True), True),  # + the adaptive flush policy
+        "specscale-nospec": (BeamSelection, "lazy", 0, False, ("strict", True), True),
     }
     assert set(expected) == set(PRESETS)
     for name, (selection, verification, depth, lookahead, pruning, cd) in expected.items():
         search = Search(preset_config(name))
         assert type(search.selection) is selection and search.verification.name == verification
         assert search.speculation.eager_depth == depth and isinstance(search.lookahead, LookAhead) is lookahead
-        assert (search.pruning.strict, search.pruning.perfect_shortcut) == pruning
+        assert (search.pruning.name, type(search.shortcut) is PerfectShortcut) == pruning
         assert search.dedup.computation is cd and not search.dedup.filter_duplicates
         assert search.config.dynamic_branching is (name == "fasttts-db")

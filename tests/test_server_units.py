@@ -196,7 +196,7 @@ def test_builder_maps_fields_onto_the_search(builder):
     config = prepared.request.config
     assert (config.temperature, config.top_p, config.seed, config.max_step_tokens) == (0.5, 0.9, 4, 32)
     assert (config.beam_size, config.beam_width, config.max_rounds, config.aggregation) == (8, 2, 5, "min")
-    assert config.dedup and config.prune_strict  # the preset's switches
+    assert config.dedup and config.pruning == "strict"  # the preset's switches
     assert prepared.preset == "ep+cd" and prepared.n == 2 and prepared.timeout_s == 30  # capped by the server
 
 

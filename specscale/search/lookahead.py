@@ -18,7 +18,7 @@ from specscale.config import SearchConfig
 from specscale.search.protocol import Expand, Pause, Resume
 from specscale.search.tree import Candidate, CandidateState, Expansion, Round
 
-# Engine priority of a LookAhead continuation: below every speculation band (search/search.py)
+# Engine priority of a LookAhead continuation: below every speculation band (search/speculation.py)
 LOOKAHEAD_PRIORITY = -100 * 100
 
 

@@ -9,8 +9,10 @@ import re
 from dataclasses import replace
 
 from specscale.config import SearchConfig
+from specscale.search.pruning import make_pruning
+from specscale.search.speculation import make_speculation
 
-_SPECULATIVE = {"speculative": True, "verification": "immediate"}
+_SPECULATIVE = {"speculation": "eager", "verification": "immediate"}
 # FastTTS's headline runs (its artifact's `spec_prefix` configurations): beam search with children spread
 # uniformly, plus Speculative Beam Extension (LookAhead). Its dynamic-branching approach is a separate
 # configuration there, and a separate preset here (docs/design.md, "FastTTS").
@@ -29,14 +31,16 @@ PRESETS: dict[str, dict] = {
     "fasttts": dict(_FASTTTS, verification="per_request"),
     "fasttts-xb": dict(_FASTTTS, verification="round"),
     "fasttts-db": dict(_FASTTTS, **_DYNAMIC_BRANCHING, verification="per_request"),
-    "ep-strict": dict(_SPECULATIVE, prune_strict=True),
-    "ep": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True),
-    "ep+cd": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True),
-    "specscale": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True, verification="lazy"),
+    "ep-strict": dict(_SPECULATIVE, pruning="strict"),
+    # ep-strict that also prunes ties with the k-th best, by selection's tie order: still beam's retention
+    "ep-strict+ties": dict(_SPECULATIVE, pruning="strict_ties"),
+    "ep": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True),
+    "ep+cd": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True, dedup=True),
+    "specscale": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True, dedup=True, verification="lazy"),
     # the control with everything but speculation: specscale's switches with speculation off (EP's strict
     # threshold and perfect-score shortcut act on the round being decided, CD, lazy verification)
-    "specscale-nospec": dict(prune_strict=True, perfect_shortcut=True, dedup=True, verification="lazy"),
-    "specscale-adaptive": dict(_SPECULATIVE, prune_strict=True, perfect_shortcut=True, dedup=True,
+    "specscale-nospec": dict(pruning="strict", perfect_shortcut=True, dedup=True, verification="lazy"),
+    "specscale-adaptive": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True, dedup=True,
                                verification="lazy", lv_policy="adaptive"),
 }
 
@@ -50,7 +54,9 @@ def preset_config(variant: str, **overrides) -> SearchConfig:
     unknown = sorted(set(fields) - set(SearchConfig.__dataclass_fields__))
     if unknown:
         raise ValueError(f"variant {variant!r}: SearchConfig has no field(s) {unknown}")
-    return replace(SearchConfig(**PRESETS[name]), **fields, **overrides)
+    config = replace(SearchConfig(**PRESETS[name]), **fields, **overrides)
+    make_pruning(config), make_speculation(config)  # unknown policy names: a ValueError here, not at submit
+    return config
 
 
 def parse_variant(variant: str) -> tuple[str, dict]:

@@ -1,24 +1,130 @@
 """Early-pruning policies (docs/design.md, "Early pruning").
 
+A pruning policy is a class with the hooks `Search` calls; `SearchConfig.pruning` names it, and a class
+registers itself under its `name`, so a new pruning variant is one class here plus one preset line. Each hook
+takes the calling `Search` and returns the candidates to cancel (with their subtrees):
+
+- `after_score(search, c)`: candidate c's score arrived;
+- `after_decision(search, rd)`: the round before rd was decided (rd's candidates are now certain).
+
+- none: nothing is cancelled before its round is decided;
 - strict: tau = the k-th best score among candidates certain to be in the round's pool; a candidate
   strictly below tau is cancelled with its subtree. It never changes what is retained (`ep-strict` keeps
-  exactly what `beam` keeps, ties and exact 1.0 scores included).
-- perfect_shortcut: k certain candidates scoring exactly 1.0 close the round at once (the first verified
-  win); rounds may then retain other paths than beam would (`ep`).
+  exactly what `beam` keeps, ties and exact 1.0 scores included);
+- strict_ties: strict, and a candidate tied with the k-th best is cancelled too when k certain copies rank
+  before it in the order selection breaks ties by (score, then tree position); it still retains exactly what
+  `beam` retains, and prunes the ties strict keeps (exact 1.0 scores: docs/design.md, "Early pruning").
+
+The perfect-score shortcut (a separate switch, `SearchConfig.perfect_shortcut`) is `PerfectShortcut`, whose
+hook `closes(rd)` `Search` asks before deciding a round: k
+certain candidates scoring exactly 1.0 close the round at once (the first verified win); rounds may then
+retain other paths than beam would (`ep`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import ClassVar
 
 from specscale.config import SearchConfig
+from specscale.search import policies
+from specscale.search.tree import Candidate, CandidateState, Round
+
+PRUNINGS: dict[str, type[NoPruning]] = {}
 
 
-@dataclass(frozen=True)
-class Pruning:
-    strict: bool
-    perfect_shortcut: bool
+class NoPruning:
+    name: ClassVar[str] = "none"
+
+    def __init__(self, config: SearchConfig):
+        self.config = config
+        self.k = config.num_retained
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        PRUNINGS[cls.name] = cls
+
+    def after_score(self, search, c: Candidate) -> list[Candidate]:
+        return []
+
+    def after_decision(self, search, rd: Round) -> list[Candidate]:
+        return []
 
 
-def make_pruning(config: SearchConfig) -> Pruning:
-    return Pruning(config.prune_strict, config.perfect_shortcut)
+class StrictPruning(NoPruning):
+    name = "strict"
+
+    def after_score(self, search, c: Candidate) -> list[Candidate]:
+        """Only the round being decided holds candidates certain to be in its pool (their parents are decided)."""
+        return self.losers(search.rounds[c.round]) if c.round == search.last_decided + 1 else []
+
+    def after_decision(self, search, rd: Round) -> list[Candidate]:
+        return self.losers(rd)
+
+    def losers(self, rd: Round) -> list[Candidate]:
+        """The round's verified candidates that can never be retained: strictly below tau."""
+        scored = _competing(rd)
+        distinct = self.config.filter_duplicates
+        eligible = policies.distinct_paths(scored) if distinct else scored
+        tau = policies.strict_threshold(eligible, self.k, distinct)  # every one of them is certain: parents decided
+        return [] if tau is None else [c for c in scored if c.score < tau]
+
+
+class TiedStrictPruning(StrictPruning):
+    """Selection ranks logical copies by score, then by tree position (`policies.top_k_copies`): a candidate
+    whose best copy has k certain copies ranked before it can never be retained, even when tied with the
+    k-th best. With `filter_duplicates` a path's copies compete as one and the strict rule applies unchanged."""
+
+    name = "strict_ties"
+
+    def losers(self, rd: Round) -> list[Candidate]:
+        if self.config.filter_duplicates:
+            return super().losers(rd)
+        scored = _competing(rd)
+        if sum(c.multiplicity for c in scored) < self.k:
+            return []
+        copies = sorted((-c.score, key) for c in scored for key in c.lane_keys)
+        kth = copies[self.k - 1]  # the k-th certain copy: a candidate whose best copy ranks after it is out
+        return [c for c in scored if (-c.score, min(c.lane_keys)) > kth]
+
+
+def _competing(rd: Round) -> list[Candidate]:
+    """The round's verified candidates that compete for retention (completed ones go to the finished pool)."""
+    return [c for c in rd.live_candidates() if c.state == CandidateState.SCORED and not c.completed]
+
+
+PRUNINGS[NoPruning.name] = NoPruning
+
+
+class NoShortcut:
+    """Every round waits for its candidates' scores."""
+
+    def __init__(self, config: SearchConfig):
+        self.k = config.num_retained
+
+    def closes(self, rd: Round) -> list[tuple[Candidate, int]] | None:
+        """The copies that close round rd at once (retained, the rest of the round cancelled), or None."""
+        return None
+
+
+class PerfectShortcut(NoShortcut):
+    def closes(self, rd: Round) -> list[tuple[Candidate, int]] | None:
+        """k certain copies scoring exactly 1.0: the first verified win."""
+        perfect = [c for c in _competing(rd) if c.score >= 1.0]
+        if sum(c.multiplicity for c in perfect) < self.k:
+            return None
+        chosen, left = [], self.k
+        for c in sorted(perfect, key=lambda c: c.verified_order):
+            if left:
+                chosen.append((c, min(c.multiplicity, left)))
+                left -= chosen[-1][1]
+        return chosen
+
+
+def make_shortcut(config: SearchConfig) -> NoShortcut:
+    return PerfectShortcut(config) if config.perfect_shortcut else NoShortcut(config)
+
+
+def make_pruning(config: SearchConfig) -> NoPruning:
+    if config.pruning not in PRUNINGS:
+        raise ValueError(f"pruning must be one of {sorted(PRUNINGS)}, got {config.pruning!r}")
+    return PRUNINGS[config.pruning](config)

@@ -7,11 +7,16 @@ from its `SearchConfig` (a preset line in `search/presets.py`):
 
 - verification (`search/verification.py`): a step goes to the PRM as it finishes, or a round at once;
 - speculation (`search/speculation.py`): none, or eager expansion of verified candidates (naive-spec, EP);
+  its hooks run when a score arrives and when a round is decided, and it gives each expansion its priority;
 - lookahead (`search/lookahead.py`): FastTTS's LookAhead continuations with head starts and a per-request
   valve, one policy whose hooks run when a step finishes, a round has generated or is verified at once;
-- pruning (`search/pruning.py`): the strict early-pruning threshold and the perfect-score shortcut;
+- pruning (`search/pruning.py`): which verified candidates to cancel after a score arrives and after a round
+  is decided (none, the strict early-pruning threshold, ...), and the perfect-score shortcut;
 - dedup (`search/dedup.py`): computation deduplication (one expansion per parent, one lane per logical
   child) and search-and-learn's duplicate filtering.
+
+`Search` calls each policy's hooks and never tests what kind of policy it holds, so a new variant is one
+policy class and one preset line.
 
 Every logical child has a canonical tree position (its key) and samples from that position's seed
 (`search/seeds.py`), whether it is its own engine row or a lane of a CD row.
@@ -32,16 +37,11 @@ from specscale.search.result import SearchResult, build_result
 from specscale.search.seeds import seeds_of
 from specscale.search.dedup import make_dedup
 from specscale.search.lookahead import LOOKAHEAD_PRIORITY, make_lookahead, promote
-from specscale.search.pruning import make_pruning
+from specscale.search.pruning import make_pruning, make_shortcut
 from specscale.search.selection import make_selection
 from specscale.search.speculation import make_speculation
 from specscale.search.verification import VERIFICATIONS
 from specscale.search.tree import Candidate, CandidateState, Expansion, Round, Subtree
-
-# Engine priorities (higher runs first; docs/design.md, "Speculation"): 0 for real work; speculation d rounds
-# ahead in the band -d * SPECULATION_BAND - (0 .. SPECULATION_BAND - 1), ranked inside it by its parent's
-# chance to be retained; FastTTS's LookAhead continuations below every band (LOOKAHEAD_PRIORITY).
-SPECULATION_BAND = 100
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class Search:
         self.speculation = make_speculation(config)
         self.lookahead = make_lookahead(config)
         self.pruning = make_pruning(config)
+        self.shortcut = make_shortcut(config)
         self.dedup = make_dedup(config)
         self.last_round = self.selection.last_round()  # the round that generates to EOS
         self.rounds: list[Round] = []
@@ -110,8 +111,7 @@ class Search:
         if c.completed and c.handle is not None:  # an empty step ends the path; nothing continues it
             actions.append(Release((c.handle,)))
             c.handle = None
-        if self.verification.per_step:
-            actions.append(self._verify(c, completes_group=self._group_complete(e)))
+        actions += self.verification.on_step_finished(self, c)
         actions += self.lookahead.on_step_finished(self, c, ev.time)
         return actions + self._progress(e, ev.time)
 
@@ -134,12 +134,8 @@ class Search:
         if ev.error is not None:  # e.g. the path no longer fits the PRM: finished with what it has
             c.completed, c.score_error = True, ev.error
             actions += self._release([c])
-        if self.pruning.strict and c.round == self.last_decided + 1:
-            actions += self._prune_below_threshold(self.rounds[c.round])
-        if c.alive and not c.completed:
-            actions += self._speculate(c, ev.time)
-        if self.speculation.eager_depth and self.config.rank_speculation:
-            actions += self._rerank_speculation(self.rounds[c.round])
+        actions += self._drop(self.pruning.after_score(self, c))
+        actions += self.speculation.on_scored(self, c, ev.time)
         return actions + self._try_decide(ev.time)
 
     def _on_cancelled(self, ev: Cancelled) -> list:
@@ -152,8 +148,7 @@ class Search:
         rd = self.rounds[e.round]
         if self._round_generated(rd):
             actions += self.lookahead.on_round_generated(self, rd)
-            if not self.verification.per_step and rd.index == self.last_decided + 1:
-                actions += self._verify_round(rd)
+            actions += self.verification.on_round_generated(self, rd)
         return actions + self._try_decide(time)
 
     def _round_generated(self, rd: Round) -> bool:
@@ -178,7 +173,7 @@ class Search:
         actions = []
         while not self.done and self.last_decided + 1 < len(self.rounds):
             rd = self.rounds[self.last_decided + 1]
-            shortcut = self._perfect_scores(rd) if self.pruning.perfect_shortcut else None
+            shortcut = self.shortcut.closes(rd)
             if shortcut is None and not self._round_ready(rd):
                 break
             actions += self._decide(rd, shortcut, time)
@@ -188,26 +183,6 @@ class Search:
         if any(e.live for e in rd.expansions) or self.lookahead.awaiting_scores(self, rd):
             return False
         return all(c.state == SCORED for c in rd.live_candidates())
-
-    def _perfect_scores(self, rd: Round) -> list[tuple[Candidate, int]] | None:
-        perfect = [c for c in rd.live_candidates() if c.state == SCORED and not c.completed and c.score >= 1.0]
-        if sum(c.multiplicity for c in perfect) < self.k:
-            return None
-        chosen, left = [], self.k  # the first to be verified win
-        for c in sorted(perfect, key=lambda c: c.verified_order):
-            if left:
-                chosen.append((c, min(c.multiplicity, left)))
-                left -= chosen[-1][1]
-        return chosen
-
-    def _prune_below_threshold(self, rd: Round) -> list:
-        scored = [c for c in rd.live_candidates() if c.state == SCORED and not c.completed]
-        distinct = self.dedup.filter_duplicates
-        eligible = policies.distinct_paths(scored) if distinct else scored
-        tau = policies.strict_threshold(eligible, self.k, distinct)  # every one of them is certain: parents decided
-        if tau is None:
-            return []
-        return self._drop([c for c in scored if c.score < tau])
 
     def _decide(self, rd: Round, shortcut, time: float) -> list:
         actions = self._close_early(rd, shortcut) if shortcut is not None else []
@@ -233,11 +208,10 @@ class Search:
         actions += self._release([c for c, _ in retained])
         actions += self._reprioritize()
         next_round = self.rounds[rd.index + 1]
-        if self.pruning.strict:
-            actions += self._prune_below_threshold(next_round)
-        actions += self._speculate_eligible(time)
-        if not self.verification.per_step and self._round_generated(next_round):
-            actions += self._verify_round(next_round)
+        actions += self._drop(self.pruning.after_decision(self, next_round))
+        actions += self.speculation.on_round_decided(self, time)
+        if self._round_generated(next_round):
+            actions += self.verification.on_round_generated(self, next_round)
         return actions
 
     def _close_early(self, rd: Round, shortcut) -> list:
@@ -296,43 +270,8 @@ class Search:
         return e
 
     def _priority(self, e: Expansion) -> int:
-        """0 for real work; for speculation d rounds ahead of the round being decided, the band of depth d,
-        ranked by the parent's survival rank (so the engine's spare rows go to the likeliest survivors)."""
-        if e.lookahead:
-            return LOOKAHEAD_PRIORITY
-        depth = max(e.round - (self.last_decided + 1), 0)
-        if depth == 0:
-            return 0
-        rank = self._survival_rank(e.parent) if self.config.rank_speculation else 0
-        return -depth * SPECULATION_BAND - min(rank, SPECULATION_BAND - 1)
-
-    def _survival_rank(self, parent: Candidate) -> int:
-        """Logical copies of the parent's round, verified so far, that score strictly above the parent: below
-        k it is inside the round's top k so far (EP's threshold compares it with the k-th best)."""
-        verified = [c for c in self.rounds[parent.round].live_candidates() if c.state == SCORED and not c.completed]
-        return sum(c.multiplicity for c in verified if c.score > parent.score)
-
-    def _rerank_speculation(self, rd: Round) -> list:
-        """A score arrived in round rd: re-rank the live speculative children of its candidates."""
-        if rd.index + 1 >= len(self.rounds):
-            return []
-        return self._reprioritize(self.rounds[rd.index + 1].expansions)
-
-    def _speculate(self, c: Candidate, time: float) -> list:
-        if c.children or c.round >= self.last_round:
-            return []
-        if not self.speculation.expands_early(c.round, self.last_decided):
-            return []
-        width = range(self.config.beam_width)
-        return self._expand(c, c.round + 1, [key + (i,) for key in c.lane_keys for i in width], time)
-
-    def _speculate_eligible(self, time: float) -> list:
-        actions = []
-        for rd in self.rounds[self.last_decided + 1:]:
-            for c in rd.live_candidates():
-                if c.state == SCORED and not c.completed:
-                    actions += self._speculate(c, time)
-        return actions
+        """LookAhead continuations below everything; the rest as the speculation policy ranks it."""
+        return LOOKAHEAD_PRIORITY if e.lookahead else self.speculation.priority(self, e)
 
     def _reconcile_children(self, c: Candidate, wanted: list, time: float) -> list:
         """Make c's children exactly the logical children at tree positions `wanted`: keep those already

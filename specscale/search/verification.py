@@ -1,5 +1,6 @@
 """Verification policies: when a finished step goes to the PRM and how the verify queue batches it
-(docs/design.md, "Verification"). A preset names one by `SearchConfig.verification`.
+(docs/design.md, "Verification"). A preset names one by `SearchConfig.verification`. `Search` calls its hooks
+when a step finishes (`on_step_finished`) and when a round has finished generating (`on_round_generated`).
 
 - round: a request's whole round once it has finished generating, batched across requests (beam search);
 - immediate: each step as soon as it finishes, batched across requests (speculative variants);
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specscale.search.tree import Candidate, Round
 from specscale.search.verify_queue import AT_ONCE, LAZY, ONE_REQUEST, Batching
 
 
@@ -27,6 +29,19 @@ class Verification:
     @property
     def is_lazy(self) -> bool:
         return self.batching is LAZY
+
+    def on_step_finished(self, search, c: Candidate) -> list:
+        """A step finished as candidate c: a per-step policy sends it now (saying whether its sibling group
+        is complete, lazy verification's trigger 2)."""
+        if not self.per_step:
+            return []
+        return [search._verify(c, completes_group=search._group_complete(c.expansion))]
+
+    def on_round_generated(self, search, rd: Round) -> list:
+        """Round rd has finished generating: a round-at-once policy sends it once it is the round being decided."""
+        if self.per_step or rd.index != search.last_decided + 1:
+            return []
+        return search._verify_round(rd)
 
 
 VERIFICATIONS = {
