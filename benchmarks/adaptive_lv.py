@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from specscale_lab.bench.common import fresh_runtime, markdown_table, paired_seed, run_batch
 from specscale.search.presets import preset_config
 from specscale.sim.simulation import Simulation, SimulationConfig
+from specscale_lab.bench.common import fresh_runtime, markdown_table, paired_seed, run_batch
 
 SETTINGS = (  # (label, preset, overrides)
     ("ep+cd (verify at once)", "ep+cd", {}),
@@ -50,7 +50,7 @@ def run_setting(sim: Simulation, problems, preset: str, overrides: dict, args) -
     return {
         "elapsed_s": batch.elapsed_s, "output_tokens_per_s": sum(u.output_tokens for u in usage) / batch.elapsed_s,
         "requests_per_s": len(usage) / batch.elapsed_s,
-        "accuracy": sum(r.answer == p.answer for r, p in zip(batch.results, problems)) / len(problems),
+        "accuracy": sum(r.answer == p.answer for r, p in zip(batch.results, problems, strict=True)) / len(problems),
         "generated_tokens": sum(u.generated_tokens for u in usage),
         "wasted_tokens": sum(u.wasted_tokens for u in usage),
         "verification_s": metrics["verification_s"], "generation_s": metrics["generation_s"],

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from specscale.pipeline import Pipeline, PipelineConfig
 from specscale_lab.bench.common import fresh_runtime, run_batch, search_requests, toy_workload
 from specscale_lab.bench.stack import RealStack
-from specscale.pipeline import Pipeline, PipelineConfig
 
 
 def path_multiset(result) -> list[tuple[str, int]]:
@@ -45,7 +45,7 @@ def main() -> None:
                 if (preset, seed) not in cache:
                     requests = search_requests(RealStack(pipeline), problems, preset, seed, **config)
                     cache[preset, seed] = run_batch(fresh_runtime(pipeline, 32), requests).results
-            for a, b in zip(cache[plain, seed], cache[cd, seed]):
+            for a, b in zip(cache[plain, seed], cache[cd, seed], strict=True):
                 total += 1
                 same_best += (a.best.text if a.best else None) == (b.best.text if b.best else None)
                 same_all += path_multiset(a) == path_multiset(b)

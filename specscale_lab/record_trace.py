@@ -15,14 +15,21 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from specscale_lab.bench.common import (
-    DEFAULT_CONCURRENCY, add_model_arguments, add_simulation_arguments, fresh_runtime, open_pipeline, open_stack,
-    paired_seed, progress_bar, run_batch,
-)
-from specscale_lab.bench.stack import BenchStack, RealStack
 from specscale.grading import DATASETS, load_problems, shared_grader
 from specscale.prompts import MATH_SYSTEM_PROMPT
 from specscale.search.presets import preset_config
+from specscale_lab.bench.common import (
+    DEFAULT_CONCURRENCY,
+    add_model_arguments,
+    add_simulation_arguments,
+    fresh_runtime,
+    open_pipeline,
+    open_stack,
+    paired_seed,
+    progress_bar,
+    run_batch,
+)
+from specscale_lab.bench.stack import BenchStack, RealStack
 from specscale_lab.calibration.trace import TraceHeader, TraceRequest, trace_request, write_trace
 
 TOY_TASK = "toy"
@@ -83,7 +90,7 @@ def record(stack: BenchStack, args, problems: list, grade) -> list[TraceRequest]
     tokenizer = stack.engine.tokenizer
     return [trace_request(r.request_id, runtime.search(r.request_id), p.question, len(r.prompt_ids), tokenizer,
                           gold_of(p), grade, keep_token_ids=not args.no_token_ids)
-            for r, p in zip(requests, problems)]
+            for r, p in zip(requests, problems, strict=True)]
 
 
 def gold_of(problem) -> str:

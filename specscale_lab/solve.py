@@ -54,7 +54,7 @@ def run_solve(args) -> int:
         results = runtime.run(requests, progress=bar.update)
     elapsed = time.perf_counter() - start
     correct = 0
-    for i, (question, result) in enumerate(zip(questions, results)):
+    for i, (question, result) in enumerate(zip(questions, results, strict=True)):
         problem = problems[i] if problems is not None else None
         ok = problem is not None and result.best is not None and is_correct(problem, result.best.text)
         correct += ok

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(2)
 
 from checkpoints import build_checkpoint  # noqa: E402
+
 # every engine the tests build, at any fixture scope, is checked for leaked KV blocks after each test and
 # runs on SPECSCALE_TEST_DEVICE (default: the CPU): tests/kv_leak_guard.py
 from kv_leak_guard import TEST_DEVICE, no_leaked_blocks  # noqa: E402, F401

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import h11
 import uvicorn
+
 from checkpoints import build_tokenizer
 from search_backends import scripted_runtime
-
 from specscale.server.app import build_app
 from specscale.server.connection import uvicorn_config
 from specscale.server.engine_loop import EngineLoop

@@ -14,10 +14,20 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from specscale.seam import (
-    AbortSequence, BranchSequence, KVUsage, PauseSequence, PrioritizeSequence, SamplingParams, SequenceId, SequenceOp,
-    SequenceState, SequenceUpdate, StartSequence,
+    AbortSequence,
+    BranchSequence,
+    KVUsage,
+    PauseSequence,
+    PrioritizeSequence,
+    SamplingParams,
+    SequenceId,
+    SequenceOp,
+    SequenceState,
+    SequenceUpdate,
+    StartSequence,
 )
 from specscale.sim.clock import VirtualClock
 
@@ -35,7 +45,7 @@ def seeded_step(prefix: tuple, seed: int, final: bool, min_len=2, max_len=12, st
     h = stable_hash(prefix, seed)
     length = min_len + h % (max_len - min_len + 1)
     letters = [(h >> (5 * i)) % 26 for i in range(length)]
-    depth = sum(1 for a, b in zip(prefix, prefix[1:]) if a == b == NEWLINE)
+    depth = sum(1 for a, b in pairwise(prefix) if a == b == NEWLINE)
     completes = final or (depth >= 2 and (h >> 60) / 16 < stop_rate)
     return letters + ([EOS] if completes else [NEWLINE, NEWLINE])
 

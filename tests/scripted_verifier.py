@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scripted_generator import stable_hash
 from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 from specscale.sim.clock import VirtualClock
-from scripted_generator import stable_hash
 
 
 def hashed_score(question: str, steps: tuple[str, ...], perfect_rate: float = 0.0,

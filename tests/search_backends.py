@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scripted_generator import ScriptedGenerator, seeded_step
+from scripted_verifier import ScriptedVerifier
 from specscale.answers import read_answers
 from specscale.config import SearchConfig
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
-from scripted_generator import ScriptedGenerator, seeded_step
-from scripted_verifier import ScriptedVerifier
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale_lab.tasks.toy import toy_problems
 

@@ -7,9 +7,9 @@ import torch
 
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.engine.sequence import Sequence
+from specscale.engine.torch_runner import TorchModelRunner
 from specscale.model import cpu_kernels
 from specscale.model.attention import paged_attention, write_kv
-from specscale.engine.torch_runner import TorchModelRunner
 
 H, KVH, BS, NB = 8, 2, 4, 64
 

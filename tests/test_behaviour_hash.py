@@ -10,9 +10,9 @@ from dataclasses import asdict
 
 import pytest
 
+from search_backends import scripted_request, scripted_runtime
 from specscale.search.presets import PRESETS, preset_config
 from specscale.sim.simulation import Simulation, SimulationConfig
-from search_backends import scripted_request, scripted_runtime
 
 PROBLEMS = 3
 SETTINGS = dict(beam_size=4, beam_width=2, max_rounds=4, max_step_tokens=48)

@@ -5,17 +5,18 @@ not depend on the toy models' quality), writing sane JSON, Markdown and PNG; plu
 import argparse
 import json
 import math
+from itertools import pairwise
 
 import pytest
 import torch
-from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 
+from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
+from specscale.cli import build_parser, main
 from specscale_lab.bench import SUBCOMMANDS
 from specscale_lab.bench.accuracy import paired_difference
 from specscale_lab.bench.characterize import linear_fit, shared_tokens
 from specscale_lab.bench.common import LADDER, command_line, interleaved, median_summary, paired_seed, percentile
 from specscale_lab.bench.latency import arrival_times, sustainable_rate
-from specscale.cli import build_parser, main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -172,11 +173,11 @@ def test_paired_difference_averages_seeds_per_problem():
 
 def test_arrival_times_have_the_requested_rate():
     times = arrival_times(20_001, rate=4.0, burstiness=1.0, seed=[0])
-    assert times[0] == 0.0 and all(b >= a for a, b in zip(times, times[1:]))
+    assert times[0] == 0.0 and all(b >= a for a, b in pairwise(times))
     assert 20_000 / times[-1] == pytest.approx(4.0, rel=0.03)
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in pairwise(times)]
     bursty = arrival_times(20_001, rate=4.0, burstiness=0.25, seed=[0])
-    bursty_gaps = [b - a for a, b in zip(bursty, bursty[1:])]
+    bursty_gaps = [b - a for a, b in pairwise(bursty)]
     assert percentile(bursty_gaps, 50) < percentile(gaps, 50)  # same mean, more small gaps
 
 

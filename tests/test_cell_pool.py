@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from specscale_lab.bench.cell_pool import default_workers, resolve_workers
 from specscale.cli import build_parser, main
+from specscale_lab.bench.cell_pool import default_workers, resolve_workers
 
 SMALL = ["--problems", "3", "--beam-sizes", "4", "--max-rounds", "6", "--max-concurrency", "3", "--seed", "5"]
 

@@ -6,7 +6,10 @@ import torch.nn.functional as F
 
 from specscale.model import cpu_kernels
 from specscale.model.attention import (
-    AttentionMetadata, padded_prefill_metadata, prefill_attention, write_kv,
+    AttentionMetadata,
+    padded_prefill_metadata,
+    prefill_attention,
+    write_kv,
 )
 from specscale.model.transformer import RMSNorm, apply_rotary
 
@@ -120,7 +123,7 @@ def assert_causal_attention(out, q, key_cache, value_cache, tables, starts, coun
     block_size, kv_heads, head_dim = key_cache.shape[1:]
     heads = q.shape[1]
     first = 0
-    for b, (start, count) in enumerate(zip(starts.tolist(), counts.tolist())):
+    for b, (start, count) in enumerate(zip(starts.tolist(), counts.tolist(), strict=True)):
         total = start + count
         slots = [tables[b, p // block_size].item() * block_size + p % block_size for p in range(total)]
         k = key_cache.view(-1, kv_heads, head_dim)[slots].float().repeat_interleave(heads // kv_heads, dim=1)

@@ -9,10 +9,10 @@ import math
 from collections import Counter
 
 import torch
-from engine_helpers import make_engine
 from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM
 
+from engine_helpers import make_engine
 from specscale.engine.sequence import SequenceStatus
 from specscale.seam import SamplingParams
 
@@ -28,7 +28,7 @@ def step_distribution(path) -> dict[tuple[int, int], float]:
         with torch.no_grad():
             logits = model(torch.tensor([tokens])).logits[0, -1]
         values, ids = logits.topk(TOP_K)
-        return dict(zip(ids.tolist(), values.softmax(-1).tolist()))
+        return dict(zip(ids.tolist(), values.softmax(-1).tolist(), strict=True))
 
     first = top_k_probs(PROMPT)
     return {(a, b): pa * pb for a, pa in first.items() for b, pb in top_k_probs(PROMPT + [a]).items()}
@@ -78,7 +78,7 @@ def test_multiplicity_sampling_matches_independent_samples(qwen2_dir):
         else:
             pooled_obs, pooled_exp = pooled_obs + observed[combo], pooled_exp + p * TRIALS
     cells.append((pooled_obs, pooled_exp))
-    obs, exp = zip(*cells)
+    obs, exp = zip(*cells, strict=True)
     exp = [e * sum(obs) / sum(exp) for e in exp]
     assert chisquare(obs, exp).pvalue > 1e-3
     all_equal = sum(n for combo, n in observed.items() if len(set(combo)) == 1) / TRIALS

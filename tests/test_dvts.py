@@ -15,7 +15,7 @@ def subtree(c) -> int:
 def test_each_subtree_keeps_its_argmax_and_ends_on_a_completed_one():
     runtime, results = run_preset("dvts", n_requests=8, beam_size=N, beam_width=M, max_rounds=8)
     ended_early = 0
-    for rid, result in zip(runtime.finished_ids(), results):
+    for rid, result in zip(runtime.finished_ids(), results, strict=True):
         search = runtime.search(rid)
         ended_at: dict[int, int] = {}
         for rd in search.rounds:

@@ -3,9 +3,9 @@ priorities, abort, multi-draw splits, readouts, usage counters and input errors.
 
 import pytest
 import torch
-from engine_helpers import ScriptedSampler, check_blocks, generated, make_engine, run_until_idle
 from transformers import AutoModelForCausalLM
 
+from engine_helpers import ScriptedSampler, check_blocks, generated, make_engine, run_until_idle
 from specscale.engine.sequence import FinishReason, SequenceStatus
 from specscale.seam import SamplingParams
 

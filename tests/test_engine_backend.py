@@ -6,9 +6,14 @@ sequence ends."""
 import dataclasses
 
 from engine_helpers import make_engine
-
 from specscale.seam import (
-    AbortSequence, BranchSequence, EndReason, PauseSequence, PrioritizeSequence, SamplingParams, SequenceState,
+    AbortSequence,
+    BranchSequence,
+    EndReason,
+    PauseSequence,
+    PrioritizeSequence,
+    SamplingParams,
+    SequenceState,
     StartSequence,
 )
 from specscale.search.engine_backend import EngineBackend

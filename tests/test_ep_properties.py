@@ -4,6 +4,7 @@ retains and returns the same paths; `ep` (plus the perfect-score shortcut) is al
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from test_search import decisions_of, logical_paths, run_preset, two_choice_step
 
 SHAPES = [(8, 4), (4, 2), (8, 2), (4, 4)]

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from specscale.cli import main
+from specscale.grading import load_problems
 from specscale_lab.evaluation import results as results_module
 from specscale_lab.evaluation.progress import Progress, format_duration
 from specscale_lab.evaluation.report import markdown, summarize
 from specscale_lab.evaluation.results import ResultsFolder, read_jsonl
-from specscale.grading import load_problems
 
 SMALL = ["--dataset", "math500", "--problems", "3", "--beam-size", "2", "--beam-width", "2", "--max-rounds", "2",
          "--max-step-tokens", "24", "--preset", "beam", "--threads", "1", "--kv-gb", "0.2", "--prm-kv-gb", "0.2"]

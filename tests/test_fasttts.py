@@ -6,16 +6,16 @@ steps one PRM call verifies."""
 
 import pytest
 
-from specscale.search.branching import dynamic_children
-from specscale.search.presets import preset_config
-from specscale.search.selection import BeamSelection
-from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.search.seeds import node_seed
-from specscale.search.tree import CandidateState
-from specscale.seam import KVUsage, ScoreResult
-from specscale.sim.clock import VirtualClock
 from scripted_generator import EOS, NEWLINE, ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
+from specscale.seam import KVUsage, ScoreResult
+from specscale.search.branching import dynamic_children
+from specscale.search.presets import preset_config
+from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.search.seeds import node_seed
+from specscale.search.selection import BeamSelection
+from specscale.search.tree import CandidateState
+from specscale.sim.clock import VirtualClock
 
 PROMPT = [1, 2, 3, 4, 5]
 
@@ -110,7 +110,7 @@ def test_every_other_retained_copy_starts_from_the_continuation(preset):
                     continue
                 started += 1
                 a, b = e.finished[0].text, source.finished[0].text
-                shared += next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                shared += next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), min(len(a), len(b)))
         assert started > 0
         return shared / started
 
@@ -143,7 +143,7 @@ def test_children_per_retained_parent_follow_dynamic_branching_on_the_lookahead_
     def recording(selection, retained):
         ranked = [c for c, _ in retained]
         ahead = [scored_lookahead_step(c) for c in ranked]
-        weighed.append((ranked, [c.score if w is None else w for c, w in zip(ranked, ahead)]))
+        weighed.append((ranked, [c.score if w is None else w for c, w in zip(ranked, ahead, strict=True)]))
         return original(selection, retained)
 
     monkeypatch.setattr(BeamSelection, "children", recording)
@@ -152,7 +152,7 @@ def test_children_per_retained_parent_follow_dynamic_branching_on_the_lookahead_
     for ranked, weights in weighed:
         got = [sum(len(e.kept) for e in c.children if not e.cancelled) for c in ranked]
         assert got == children(weights, 8)
-    assert sum(w != c.score for ranked, weights in weighed for c, w in zip(ranked, weights)) > 4
+    assert sum(w != c.score for ranked, weights in weighed for c, w in zip(ranked, weights, strict=True)) > 4
 
 
 # ---- a hand-made trace ------------------------------------------------------------------------------------
@@ -267,7 +267,7 @@ def test_fasttts_headline_presets_spread_children_uniformly(preset, monkeypatch)
 
     def recording(selection, retained):
         got = original(selection, retained)
-        spread.extend((copies, n) for (_, copies), n in zip(retained, got))
+        spread.extend((copies, n) for (_, copies), n in zip(retained, got, strict=True))
         return got
 
     monkeypatch.setattr(BeamSelection, "children", recording)

@@ -4,8 +4,8 @@ engine through the search result to the API's choices; a path that ended by itse
 import json
 
 import pytest
-from engine_helpers import serving_pipeline
 
+from engine_helpers import serving_pipeline
 from specscale.pipeline import PipelineConfig
 from specscale.search.presets import preset_config
 from specscale.server.responses import CompletionFormat

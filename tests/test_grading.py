@@ -11,10 +11,10 @@ import time
 
 import pytest
 
+from specscale.answers import votes
 from specscale.grading import DATASETS, AnswerGrader, extract_answer, load_problems
 from specscale.grading.datasets import DATA_DIR
 from specscale.grading.worker import KILL_GRACE_S
-from specscale.answers import votes
 from specscale.search.result import CompletedPath
 from specscale_lab.tasks.toy import extract_answer as toy_extract_answer
 from specscale_lab.tasks.toy import toy_problems
@@ -151,7 +151,7 @@ def test_math_verify_reads_every_math500_gold(grader):
     assert len(golds) > 150
     worker = grader._worker
     verdicts = run_in_thread(lambda: [worker.equivalent(gold, gold, 5.0) for gold in golds])
-    assert [g for g, ok in zip(golds, verdicts) if not ok] == []
+    assert [g for g, ok in zip(golds, verdicts, strict=True) if not ok] == []
 
 
 def test_plain_numbers_never_reach_math_verify():
@@ -196,7 +196,7 @@ def test_a_stuck_worker_is_killed_and_replaced():
 def paths(answers_and_scores, copies=None):
     copies = copies or [1] * len(answers_and_scores)
     return [CompletedPath(f"\\boxed{{{a}}}", (f"\\boxed{{{a}}}",), (s,), s, a, 5, c)
-            for (a, s), c in zip(answers_and_scores, copies)]
+            for (a, s), c in zip(answers_and_scores, copies, strict=True)]
 
 
 def test_votes_group_equivalent_answers(grader):

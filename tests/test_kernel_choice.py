@@ -109,7 +109,7 @@ def engine_logits(path, dtype: str, kernels, prompts) -> list[torch.Tensor]:
     original = engine._sample_and_append
 
     def capture(seqs, logits):
-        for seq, row in zip(seqs, logits):
+        for seq, row in zip(seqs, logits, strict=True):
             recorded.setdefault(seq.seq_id, []).append(row.float().clone())
         return original(seqs, logits)
 
@@ -132,7 +132,7 @@ def test_every_path_gives_the_same_logits(qwen2_dir, dtype):
     """Forced ours / onednn / torch and auto agree within bf16 rounding (fp32: to 1e-4)."""
     reference = engine_logits(qwen2_dir, "float32", "torch", PROMPTS)
     for kernels in ("torch", "onednn", "ours", "auto"):
-        for ours, exact in zip(engine_logits(qwen2_dir, dtype, kernels, PROMPTS), reference):
+        for ours, exact in zip(engine_logits(qwen2_dir, dtype, kernels, PROMPTS), reference, strict=True):
             scale = exact.abs().max().item()
             tolerance = 1e-4 * scale if dtype == "float32" else 2.0 ** -6 * scale
             assert (ours - exact).abs().max().item() <= tolerance, (kernels, dtype)
@@ -187,7 +187,7 @@ def test_an_avx2_only_cpu_gets_a_working_path(qwen2_dir):
     assert set(out["kernels"]["linear_paths"]) == {"torch"}  # bf16 without AVX-512: F.linear
     for dtype in ("bfloat16", "float32"):
         native = engine_logits(qwen2_dir, dtype, "auto", PROMPTS)
-        for theirs, ours in zip(out[dtype], native):
+        for theirs, ours in zip(out[dtype], native, strict=True):
             theirs = torch.tensor(theirs)
             scale = ours.abs().max().item()
             assert (theirs - ours).abs().max().item() <= (1e-4 if dtype == "float32" else 2.0 ** -6) * scale

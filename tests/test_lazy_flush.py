@@ -5,14 +5,14 @@ from dataclasses import replace
 
 import pytest
 
+from scripted_generator import ScriptedGenerator
+from scripted_verifier import ScriptedVerifier
 from specscale.config import SearchConfig
 from specscale.search.lazy_flush import AdaptiveBudget, FixedTriggers, FlushSignals, flush_policy
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
-from scripted_generator import ScriptedGenerator
-from scripted_verifier import ScriptedVerifier
 
 THRESHOLD = 1000
 FIXED = FixedTriggers(THRESHOLD, max_deferrals=6, max_age_s=2.0)

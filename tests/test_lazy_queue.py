@@ -4,6 +4,8 @@ is an ablation. Also the search's own sibling-group signal, which the queue's tr
 
 from dataclasses import replace
 
+from scripted_generator import ScriptedGenerator
+from scripted_verifier import ScriptedVerifier
 from specscale.config import SearchConfig
 from specscale.search.lazy_flush import FixedTriggers, flush_policy
 from specscale.search.presets import preset_config
@@ -12,8 +14,6 @@ from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.search import Search
 from specscale.search.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
-from scripted_generator import ScriptedGenerator
-from scripted_verifier import ScriptedVerifier
 
 NEVER = 10**9
 QUEUE = FixedTriggers(NEVER, NEVER, float(NEVER))

@@ -1,13 +1,13 @@
 """Each lazy-verification trigger fires alone: token threshold, sibling group, deferral cap, age cap;
 plus the flush policy for eager and per-request (FastTTS) steps, and the runtime's use of them."""
 
+from scripted_generator import ScriptedGenerator
+from scripted_verifier import ScriptedVerifier
 from specscale.search.lazy_flush import FixedTriggers
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.verify_queue import AT_ONCE, LAZY, ONE_REQUEST, QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
-from scripted_generator import ScriptedGenerator
-from scripted_verifier import ScriptedVerifier
 
 NEVER = 10**9
 

@@ -32,7 +32,7 @@ def run_engine(path, prompts, budget, backend):
     original = engine._sample_and_append
 
     def capture(seqs, logits):
-        for seq, logit_row in zip(seqs, logits):
+        for seq, logit_row in zip(seqs, logits, strict=True):
             recorded.setdefault(seq.seq_id, []).append(logit_row.to("cpu", copy=True))
         return original(seqs, logits)
 

@@ -4,11 +4,11 @@ tests run on, and every extra asked of a dependency is one it provides (else `pi
 
 from __future__ import annotations
 
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

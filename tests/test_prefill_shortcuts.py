@@ -70,5 +70,5 @@ def test_last_layer_on_head_rows_only_changes_no_score(tmp_path, backend, monkey
     inputs = [torch.randint(3, 250, (n,)).tolist() for n in (70, 33, 121, 16)]  # chunked over 96-token steps
     dropped = readouts(model_dir, inputs, backend, True, monkeypatch)
     kept = readouts(model_dir, inputs, backend, False, monkeypatch)
-    for ours, reference in zip(dropped, kept):
+    for ours, reference in zip(dropped, kept, strict=True):
         assert ours.shape[0] > 0 and torch.equal(ours, reference)

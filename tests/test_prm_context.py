@@ -4,13 +4,13 @@ The verifier marks the result (`ScoreResult.exceeds_context`, test_verifier.py c
 steps that fit); the search finishes the path there and its completed path carries the error."""
 
 import pytest
+
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from engine_helpers import serving_pipeline
-
 from specscale.pipeline import PipelineConfig
+from specscale.seam import ScoreRequest
 from specscale.search.presets import preset_config
 from specscale.verify.formats import clean_steps
-from specscale.seam import ScoreRequest
 
 PRM_CONTEXT = 96  # positions of the PRM: a few 24-token steps fit, five do not
 

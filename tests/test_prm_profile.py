@@ -4,9 +4,9 @@
 import json
 
 import pytest
-from checkpoints import build_qwen_prm_checkpoint
 
 import specscale.defaults
+from checkpoints import build_qwen_prm_checkpoint
 from specscale.cli import main
 from specscale.verify.profile import (
     QUICK_BATCH_TOKENS,

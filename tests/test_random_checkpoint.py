@@ -2,8 +2,10 @@
 writes (a tiny shape here; the benchmark's 0.5b-prm is the same code at the Qwen2.5-0.5B sizes) loads in our
 engine and scores like the transformers reference, and the benchmark's pure helpers."""
 
+import argparse
 import json
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,8 @@ from specscale.tokenizer import Tokenizer
 from specscale.verify.hf_prm import Qwen2ForProcessRewardModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import prm_throughput  # noqa: E402
 import prm_search  # noqa: E402
+import prm_throughput  # noqa: E402
 import random_checkpoint  # noqa: E402
 
 TINY_PRM = random_checkpoint.Shape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, tied=False, prm=True)
@@ -64,7 +66,7 @@ def test_points_parse_and_random_inputs_put_the_tag_only_at_step_ends():
     point = prm_throughput.parse_point("32x256")
     assert (point.inputs, point.tokens, point.label, point.total_tokens) == (32, 256, "32x256", 8192)
     for bad in ("32", "0x256", "ax256", "32x"):
-        with pytest.raises(Exception):
+        with pytest.raises(argparse.ArgumentTypeError):
             prm_throughput.parse_point(bad)
     inputs = prm_throughput.random_inputs(prm_throughput.Point(4, 100), 32, 151651, random_checkpoint.VOCAB)
     assert len(inputs) == 4 and {len(ids) for ids in inputs} == {100}
@@ -107,11 +109,11 @@ def test_search_rounds_grow_paths_as_a_beam_search_does():
     assert len({path.question for paths in rounds for path in paths}) == 1
     for number, paths in enumerate(rounds):
         assert all(len(path.steps) == number + 1 for path in paths)
-    for previous, paths in zip(rounds, rounds[1:]):  # 2 kept parents, 4 children each, each with a new step
+    for previous, paths in pairwise(rounds):  # 2 kept parents, 4 children each, each with a new step
         assert [path.steps[:-1] for path in paths] == [previous[0].steps] * 4 + [previous[1].steps] * 4
         assert len({path.steps[-1] for path in paths}) == 8
     assert rounds[0][0].question != prm_search.search_rounds(prm_search.SearchPoint(8, 3), 1000, seed=1)[0][0].question
-    with pytest.raises(Exception):
+    with pytest.raises(argparse.ArgumentTypeError):
         prm_search.parse_search("6x3")  # not a multiple of the beam width
 
 

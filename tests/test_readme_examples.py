@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_process import serving
 
+from server_process import serving
 from specscale.cli import main as specscale_main
 from specscale_lab.tasks.toy import MAX_OPS, MIN_OPS, extract_answer, toy_problems
 

@@ -5,14 +5,14 @@ import pytest
 
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.pipeline import Pipeline, PipelineConfig
-from specscale.sim.row_budget import hardware_profile_for, speculative_row_budget
 from specscale.search.presets import preset_config
 from specscale.search.protocol import Expand, ScoresArrived, SetPriority, StepFinished, Verify
 from specscale.search.search import Search
 from specscale.search.speculation import SPECULATION_BAND
-from specscale.sim.cost import CostModel, RooflineCostModel, bytes_moved, compute_seconds, IterationWork
+from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel, bytes_moved, compute_seconds
 from specscale.sim.hardware import HardwareProfile
 from specscale.sim.model_profile import ModelProfile
+from specscale.sim.row_budget import hardware_profile_for, speculative_row_budget
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.workload import TOY
 

@@ -27,9 +27,9 @@ import httpx
 import openai
 import pytest
 import ray
-from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from ray import serve
 
+from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from specscale.pipeline import PipelineConfig
 from specscale.scaleout.application import APP_NAME, build_application
 from specscale.scaleout.command import free_port

@@ -11,6 +11,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from server_process import RAY_URL, serving, streamed_lines, wait_for
 

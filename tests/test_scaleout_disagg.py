@@ -28,9 +28,9 @@ import httpx
 import openai
 import pytest
 import ray
-from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from ray import serve
 
+from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from specscale.pipeline import PipelineConfig
 from specscale.scaleout.application import build_application
 from specscale.scaleout.command import free_port
@@ -137,7 +137,7 @@ def same_paths(a: str, b: str) -> bool:
     in whatever batch it lands in, and the test PRM's fp32 GEMMs round by the batch's shape (~1e-7 seen)."""
     a_paths, b_paths = json.loads(a), json.loads(b)
     return ([text for text, _ in a_paths] == [text for text, _ in b_paths]
-            and all(abs(x - y) <= 1e-5 for (_, x), (_, y) in zip(a_paths, b_paths)))
+            and all(abs(x - y) <= 1e-5 for (_, x), (_, y) in zip(a_paths, b_paths, strict=True)))
 
 
 # ---- the API, and where the PRM runs -----------------------------------------------------------------------

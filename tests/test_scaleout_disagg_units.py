@@ -6,12 +6,11 @@ replica's batch counters, the config and the flags."""
 from __future__ import annotations
 
 import pytest
-from checkpoints import build_qwen_prm_checkpoint
 from ray.exceptions import ActorDiedError
 
+from checkpoints import build_qwen_prm_checkpoint
 from specscale.cli import build_parser
 from specscale.config import EngineConfig
-from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 from specscale.pipeline import PipelineConfig
 from specscale.scaleout.cluster_counters import ClusterCounters
 from specscale.scaleout.command import scale_out_config
@@ -19,6 +18,7 @@ from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.prm_batch_counters import PRMBatchCounters
 from specscale.scaleout.remote_verifier import PRMUnavailable, RemoteVerifier
 from specscale.scaleout.score_call import ScoreCall, ScoreReply
+from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 from specscale.serve import pipeline_config, run_serve, server_settings
 from specscale.verify.prm import Verifier, VerifierConfig
 

@@ -1,9 +1,9 @@
 """The package's scripted generator keeps the backend seam's lane contract (search/backend.py): each lane of a
 row writes the step its own lane seed scripts, and split rows say which lanes they hold."""
 
+from scripted_generator import ScriptedGenerator, seeded_step
 from specscale.seam import SamplingParams, SequenceState, StartSequence
 from specscale.sim.clock import VirtualClock
-from scripted_generator import ScriptedGenerator, seeded_step
 
 PROMPT = (1, 2, 3)
 PARAMS = SamplingParams(stop=("\n\n",))

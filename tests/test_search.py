@@ -4,11 +4,11 @@ sequences at once, admission respects max_concurrency. On the scripted backend, 
 pruning keeps what beam keeps, the perfect-score shortcut, CD row counts and paths."""
 
 import pytest
-from search_backends import SMALL, scripted_request, scripted_runtime
 
+from scripted_generator import prefix_only_step, seeded_step
+from search_backends import SMALL, scripted_request, scripted_runtime
 from specscale.search.lookahead import LookAhead
 from specscale.search.presets import PRESETS, preset_config
-from scripted_generator import prefix_only_step, seeded_step
 
 
 def logical_paths(result) -> list[tuple[str, int]]:
@@ -121,7 +121,7 @@ def test_perfect_scores_close_the_round_early():
 def test_dedup_runs_one_row_per_distinct_prefix_and_returns_the_same_paths(cd_preset, plain_preset):
     plain, plain_results = run_preset(plain_preset, step_fn=prefix_only_step, max_rounds=4)
     cd, cd_results = run_preset(cd_preset, step_fn=prefix_only_step, max_rounds=4)
-    for a, b in zip(plain_results, cd_results):
+    for a, b in zip(plain_results, cd_results, strict=True):
         assert logical_paths(a) == logical_paths(b)
     # every child of a prefix writes the same step here, so CD needs one row per request and round
     assert max(cd.generator.rows_per_step) <= 4 < max(plain.generator.rows_per_step)
@@ -170,7 +170,7 @@ def test_cd_follows_the_plain_variants_paths_round_for_round(plain_preset, cd_pr
     cd, cd_results = run_preset(cd_preset, step_fn=step_fn, score_levels=score_levels)
     for rid in plain.finished_ids():
         assert decisions_of(cd, rid) == decisions_of(plain, rid)
-    for a, b in zip(plain_results, cd_results):
+    for a, b in zip(plain_results, cd_results, strict=True):
         assert logical_paths(a) == logical_paths(b)
     assert any(len(decisions_of(plain, rid)) > 2 for rid in plain.finished_ids())
 

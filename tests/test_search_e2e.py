@@ -3,9 +3,9 @@
 and admission on the real engine: tests/test_search.py's "toy" backend."""
 
 import pytest
+
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from engine_helpers import serving_pipeline
-
 from specscale.pipeline import PipelineConfig
 from specscale.search.presets import PRESETS, preset_config
 

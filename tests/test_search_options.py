@@ -1,9 +1,8 @@
 """The search options this issue added reach the search from the API and the CLI: filter_duplicates
 (docs/design.md, "Duplicate filtering"), off unless asked."""
 
-from test_server_units import builder, chat  # noqa: F401  (builder is a fixture)
-
 from specscale.cli import build_parser
+from test_server_units import builder, chat  # noqa: F401  (builder is a fixture)
 
 
 def test_the_api_maps_filter_duplicates_onto_the_search(builder):  # noqa: F811
@@ -46,6 +45,7 @@ def test_a_variant_may_change_search_config_fields_of_its_preset():
 
 def test_a_variant_with_an_unknown_field_or_a_bad_bracket_is_refused():
     import pytest
+
     from specscale.search.presets import preset_config
 
     for variant, message in (("specscale[speed=11]", "no field"), ("specscale[lv_max_deferrals]", "field=value"),

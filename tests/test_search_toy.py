@@ -3,8 +3,8 @@ PRM, enough of them right, zero KV blocks in use afterwards. Cancelling and admi
 tests/test_search.py's "toy" backend."""
 
 import pytest
-from engine_helpers import serving_pipeline
 
+from engine_helpers import serving_pipeline
 from specscale.pipeline import PipelineConfig
 from specscale.search.presets import PRESETS, preset_config
 from specscale_lab.tasks.toy import is_correct, toy_problems
@@ -27,6 +27,6 @@ def test_preset_answers_32_toy_requests(toy_pipeline, preset):
     results = toy_pipeline.runtime().run(requests)
     assert all(r.error is None and r.best is not None for r in results)
     assert toy_pipeline.engine.block_manager.num_used_blocks == 0
-    correct = sum(is_correct(p, r.best.text) for p, r in zip(PROBLEMS, results))
+    correct = sum(is_correct(p, r.best.text) for p, r in zip(PROBLEMS, results, strict=True))
     assert correct >= 4, f"{preset} solved only {correct}/32 toy problems"  # the models really reason
 

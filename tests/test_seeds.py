@@ -2,8 +2,8 @@
 position and the child index, so no two nodes share a stream by construction."""
 
 import pytest
-from engine_helpers import serving_pipeline
 
+from engine_helpers import serving_pipeline
 from specscale.pipeline import PipelineConfig
 from specscale.search.presets import preset_config
 from specscale.search.seeds import SEED_BITS, child_seed, child_seeds

@@ -26,9 +26,9 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
+
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from server_process import serving
-
 from specscale.search.presets import PRESETS
 
 API_KEY = "test-key"

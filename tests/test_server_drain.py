@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from server_process import serving, streamed_lines, wait_for
 

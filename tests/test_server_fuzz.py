@@ -12,8 +12,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from live_app import MODEL, live_builder, serve
 
+from live_app import MODEL, live_builder, serve
 from specscale.server.protocol import ChatCompletionRequest, CompletionRequest, SearchOptions
 from specscale.server.settings import ServerSettings
 

@@ -15,8 +15,8 @@ from argparse import Namespace
 from dataclasses import replace
 
 import pytest
-from live_app import API_KEY, MODEL, live_builder, serve
 
+from live_app import API_KEY, MODEL, live_builder, serve
 from specscale.serve import run_serve
 from specscale.server.search_builder import SearchBuilder
 from specscale.server.settings import ServerSettings

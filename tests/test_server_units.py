@@ -11,19 +11,19 @@ import threading
 from functools import partial
 from types import SimpleNamespace
 
-from pydantic import ValidationError
 import pytest
+from pydantic import ValidationError
+
 from checkpoints import build_stepping_generator, build_tokenizer
 from search_backends import scripted_runtime
-
 from specscale.search.presets import preset_config
 from specscale.search.result import CompletedPath, SearchResult
 from specscale.search.runtime import SearchRequest
-from specscale.server.request_body import field_path
 from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RoundProgress
 from specscale.server.errors import APIError
 from specscale.server.metrics import Histogram, RequestOutcome, ServerMetrics, TokenRate
 from specscale.server.protocol import ChatCompletionRequest
+from specscale.server.request_body import field_path
 from specscale.server.responses import ranked_paths
 from specscale.server.search_builder import SearchBuilder
 from specscale.server.settings import ServerSettings

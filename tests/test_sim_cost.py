@@ -11,10 +11,10 @@ from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.engine.sequence import Sequence
 from specscale.search.presets import preset_config
 from specscale.sim.cost import IterationWork, RooflineCostModel, bytes_moved, flops, host_seconds, kv_capacity
-from specscale_lab.calibration.cpu_fit import fit_cpu_profile
 from specscale.sim.hardware import HardwareProfile, bundled_hardware
 from specscale.sim.model_profile import ModelProfile, bundled_models
 from specscale.sim.simulation import Simulation, SimulationConfig
+from specscale_lab.calibration.cpu_fit import fit_cpu_profile
 
 A100 = HardwareProfile.load("a100-80gb")
 QWEN_7B = ModelProfile.load("qwen2.5-7b-instruct")
@@ -341,7 +341,7 @@ def low_load_summaries(tmp_path, fixed_ms=0.6, row_ms=0.05, sequence_ms=0.004):
                            **prm_means}}
            for variant, (rows, live) in {"beam": (4.75, 7.7), "specscale": (5.8, 7.7)}.items()}
     paths = tmp_path / "loaded.json", tmp_path / "low.json"
-    for path, results in zip(paths, (loaded, low)):
+    for path, results in zip(paths, (loaded, low), strict=True):
         path.write_text(json.dumps({"results": results}))
     return paths
 

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from specscale_lab.bench.common import fresh_runtime, run_batch
 from specscale.engine.engine import Engine
 from specscale.search.presets import preset_config
 from specscale.sim.runner import SimulatedRunner
 from specscale.sim.simulation import Simulation, SimulationConfig
+from specscale_lab.bench.common import fresh_runtime, run_batch
 
 
 def serve(config: SimulationConfig, variant: str, problems: int = 6, beam_size: int = 4):
@@ -31,7 +31,7 @@ def test_searches_run_on_the_simulated_backend_and_free_every_block(variant):
     wall_s = time.perf_counter() - started
     assert isinstance(sim.engine, Engine) and isinstance(sim.engine.runner, SimulatedRunner)
     assert all(r.error is None and r.answer is not None and r.paths for r in results)
-    assert sum(r.answer == p.answer for r, p in zip(results, sim.problems(6))) >= 3  # a 75%-accurate generator
+    assert sum(r.answer == p.answer for r, p in zip(results, sim.problems(6), strict=True)) >= 3  # a 75%-accurate generator
     assert simulated_s == pytest.approx(sim.engine.runner.busy_s + sim.verifier.engine.runner.busy_s)
     manager = sim.engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks and sim.engine.num_live_sequences == 0

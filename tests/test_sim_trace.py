@@ -7,11 +7,19 @@ import pytest
 
 from specscale.search.presets import preset_config
 from specscale.sim.simulation import Simulation, SimulationConfig
-from specscale_lab.calibration.trace import (
-    TraceHeader, TraceRequest, TraceStep, common_prefix_ratio, fit_workload, mann_whitney_auc, read_trace,
-    split_steps, trace_request, write_trace,
-)
 from specscale.sim.workload import preset
+from specscale_lab.calibration.trace import (
+    TraceHeader,
+    TraceRequest,
+    TraceStep,
+    common_prefix_ratio,
+    fit_workload,
+    mann_whitney_auc,
+    read_trace,
+    split_steps,
+    trace_request,
+    write_trace,
+)
 
 MATH = preset("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b")
 
@@ -26,7 +34,7 @@ def simulated_trace(seed: int, variant: str = "best-of-n", problems: int = 24, b
                             f"q{i}") for i, p in enumerate(chosen)]
     results = runtime.run(requests)
     traces = [trace_request(r.request_id, runtime.search(r.request_id), p.question, len(p.prompt_ids),
-                            sim.tokenizer, p.answer) for r, p in zip(requests, chosen)]
+                            sim.tokenizer, p.answer) for r, p in zip(requests, chosen, strict=True)]
     outcome = (sim.clock(), [(r.answer, r.usage, r.timings, [p.step_scores for p in r.paths]) for r in results])
     assert sim.engine.block_manager.num_free_blocks == sim.engine.block_manager.num_blocks
     sim.close()

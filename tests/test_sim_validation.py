@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specscale_lab.calibration.trace import TraceRequest, TraceStep
 from specscale.sim.workload import TOY
+from specscale_lab.calibration.trace import TraceRequest, TraceStep
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sim_validation.py"
 spec = importlib.util.spec_from_file_location("sim_validation", SCRIPT)

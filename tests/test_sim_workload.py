@@ -12,18 +12,25 @@ import pytest
 import torch
 
 from specscale.engine.sequence import Sequence
-from specscale_lab.calibration.calibrate import sibling_common_prefix, waiting_ratio
+from specscale.seam import ScoreRequest
 from specscale.sim.problems import make_problems
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.synthetic_generator import SyntheticGenerator
 from specscale.sim.synthetic_prm import SyntheticPRM
 from specscale.sim.tokenizer import SyntheticTokenizer
 from specscale.sim.workload import (
-    DATASETS, TOY, REFERENCE_TEMPERATURE, PRMScoreParams, accuracy_for, discrete_lognormal, hazard, preset,
+    DATASETS,
+    REFERENCE_TEMPERATURE,
+    TOY,
+    PRMScoreParams,
+    accuracy_for,
+    discrete_lognormal,
+    hazard,
+    preset,
     slip_rates,
 )
 from specscale.verify.formats import make_format
-from specscale.seam import ScoreRequest
+from specscale_lab.calibration.calibrate import sibling_common_prefix, waiting_ratio
 
 MATH = preset("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b")
 FRESH_IDS = itertools.count(10**9)  # sequence ids never seen by a generator (its state cache is keyed by them)
@@ -120,7 +127,7 @@ def test_step_lengths_and_waiting_follow_the_parameters():
         lengths += [len(tokenizer.encode(step)) + 1 for step in steps]  # + the delimiter
     pmf = discrete_lognormal(12.0, 0.4, 2, 128)
     edges = [2, 9, 11, 13, 15, 18, 129]
-    expected = np.array([pmf[a - 2:b - 2].sum() for a, b in zip(edges, edges[1:])]) * len(lengths)
+    expected = np.array([pmf[a - 2:b - 2].sum() for a, b in itertools.pairwise(edges)]) * len(lengths)
     observed = np.histogram(lengths, bins=edges)[0]
     assert len(lengths) > 300 and chisquare(observed, expected).pvalue > 0.001
     for dataset, target in (("gsm8k", 0.20), ("math500", 0.35), ("olympiadbench", 0.55)):
@@ -167,15 +174,15 @@ def test_the_real_verifier_reads_the_simulated_scores(prm):
     encoded = sim.verifier.format.encode(question, [s.rstrip("\n") for s in steps])
     direct = tuple(head.score(list(encoded.token_ids), p) for p in encoded.score_positions)
     assert first[-1].step_scores == pytest.approx(direct, abs=1e-6)
-    assert all(s == 1.0 for s, d in zip(first[-1].step_scores, direct) if d == 1.0)
+    assert all(s == 1.0 for s, d in zip(first[-1].step_scores, direct, strict=True) if d == 1.0)
     sim.close()
 
 
 def test_perfect_share_is_a_workload_option_of_specscale_simulate():
     """`--perfect-share 0.6` sets the simulated PRM's share of exact 1.0 scores among sound steps (the erred
     steps' share keeps its ratio to it) and says so in the workload's sources; without it the preset's 0.30."""
-    from specscale_lab.bench.common import open_simulation
     from specscale.cli import build_parser
+    from specscale_lab.bench.common import open_simulation
     from specscale_lab.calibration.workload_choice import choose_workload
 
     base = choose_workload("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b")

@@ -9,15 +9,15 @@ import time
 
 import pytest
 import torch
-from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 
+from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from specscale.cli import build_parser, main
-from specscale_lab.simulate import SIMULATED_BENCHMARKS
 from specscale.sim.hardware import HardwareProfile
 from specscale.sim.model_profile import ModelProfile
-from specscale_lab.calibration.trace import read_trace
 from specscale.sim.workload import TOY, preset
+from specscale_lab.calibration.trace import read_trace
 from specscale_lab.calibration.workload_choice import choose_workload
+from specscale_lab.simulate import SIMULATED_BENCHMARKS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 A100 = ["--hardware", "a100-80gb", "--generator", "qwen2.5-7b-instruct", "--prm", "qwen2.5-math-prm-7b"]
@@ -159,10 +159,10 @@ def test_the_workload_choice_names_its_stand_ins(tmp_path):
 
 
 def test_open_loop_waits_reach_each_arrival_late_on_the_virtual_clock():
+    from specscale.sim.simulation import Simulation, SimulationConfig
     from specscale_lab.bench.common import search_requests
     from specscale_lab.bench.latency import serve_open_loop
     from specscale_lab.bench.stack import SimulatedStack
-    from specscale.sim.simulation import Simulation, SimulationConfig
 
     stack = SimulatedStack(Simulation(SimulationConfig()))
     stack.clock.advance(116.13370459400056)  # where an earlier run left it: (start + gap) - start < gap here

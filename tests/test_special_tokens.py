@@ -6,10 +6,10 @@ templates still write the real control tokens; a chat without such text tokenize
 from __future__ import annotations
 
 import pytest
-from checkpoints import build_llama3_tokenizer, build_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from checkpoints import build_llama3_tokenizer, build_tokenizer
 from specscale.chat_text import render_chat_text
 from specscale.server.protocol import ChatCompletionRequest
 from specscale.server.search_builder import SearchBuilder

@@ -4,14 +4,14 @@ stacks (`specscale_lab/bench/stack.py`) are built on them, so a benchmark's opti
 
 import specscale.pipeline as pipeline_module
 import specscale.sim.simulation as simulation_module
+from specscale.cli import build_parser
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.sim import row_budget
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.workload import TOY
-from specscale.verify import profile
-from specscale.cli import build_parser
 from specscale.stack import Stack
+from specscale.verify import profile
 from specscale_lab.bench.common import open_stack
 from specscale_lab.bench.stack import BenchStack, RealStack, SimulatedStack
 

@@ -3,11 +3,11 @@ search variant as one policy class and one preset line. It retains in every roun
 retains, ties and exact 1.0 scores included, and cancels tied candidates that `ep-strict` keeps alive."""
 
 import pytest
-from test_search import decisions, decisions_of, logical_paths, run_preset, two_choice_step
 
 from specscale.search.presets import preset_config
 from specscale.search.pruning import TiedStrictPruning
 from specscale.search.search import Search
+from test_search import decisions, decisions_of, logical_paths, run_preset, two_choice_step
 
 MANY_TIES = dict(score_levels=4, perfect_rate=0.3)
 
@@ -33,7 +33,7 @@ def test_with_cd_it_follows_beam_with_cd_round_for_round(step_fn):
     tied, tied_results = run_preset("ep-strict+ties[dedup=true]", step_fn=step_fn, **MANY_TIES)
     for rid in plain.finished_ids():
         assert decisions_of(tied, rid) == decisions_of(plain, rid)
-    for a, b in zip(plain_results, tied_results):
+    for a, b in zip(plain_results, tied_results, strict=True):
         assert logical_paths(a) == logical_paths(b)
 
 

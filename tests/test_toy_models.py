@@ -8,6 +8,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
+from specscale.verify.hf_prm import Qwen2ForProcessRewardModel, prm_input_ids, score_batch
 from specscale_lab.tasks import toy_stats
 from specscale_lab.tasks.toy import (
     PRM_STEP_TAG,
@@ -20,7 +21,6 @@ from specscale_lab.tasks.toy import (
     toy_problems,
 )
 from specscale_lab.tasks.toy_models import load_toy_models
-from specscale.verify.hf_prm import Qwen2ForProcessRewardModel, prm_input_ids, score_batch
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<extra_0>")
 
@@ -116,9 +116,9 @@ def test_prm_tells_a_right_step_from_a_wrong_one(models):
     problems = toy_problems("test", 12, seed=3)
     texts = toy_stats.sample_solutions(models, problems, 8, seed=0)
     steps = [[split_steps(t) or [""] for t in candidates] for candidates in texts]
-    scores = score_batch(models.prm, models.prm_tokenizer, [(p.question, s) for p, c in zip(problems, steps) for s in c])
+    scores = score_batch(models.prm, models.prm_tokenizer, [(p.question, s) for p, c in zip(problems, steps, strict=True) for s in c])
     scores = [scores[i * 8 : (i + 1) * 8] for i in range(len(problems))]
-    labels = [[label_steps(p, s) for s in candidates] for p, candidates in zip(problems, steps)]
+    labels = [[label_steps(p, s) for s in candidates] for p, candidates in zip(problems, steps, strict=True)]
     metrics = toy_stats.step_metrics(problems, steps, labels, scores)
     assert metrics["within_problem_pairs"] >= 50
     assert metrics["within_problem_auc"] >= 0.8
@@ -153,7 +153,7 @@ def test_greedy_generator_solves_some_problems(models):
     problems = toy_problems("test", 8, seed=1)
     prompts = [models.prompt(p.question) for p in problems]
     solved = 0
-    for problem, prompt in zip(problems, prompts):
+    for problem, prompt in zip(problems, prompts, strict=True):
         out = models.generator.generate(input_ids=torch.tensor([prompt]), do_sample=False, max_new_tokens=300)
         solved += is_correct(problem, models.text(out[0, len(prompt) :].tolist()))
     assert solved >= 2

@@ -199,9 +199,9 @@ def test_slipping_student_makes_mistakes_the_checker_sees():
     rng = random.Random(0)
     problems = toy_problems("train", 400, seed=5)
     texts = [render_solution(p, rng, SlipRates(hard=0.5)) for p in problems]
-    accuracy = statistics.mean(is_correct(p, t) for p, t in zip(problems, texts))
+    accuracy = statistics.mean(is_correct(p, t) for p, t in zip(problems, texts, strict=True))
     assert 0.2 < accuracy < 0.8
-    for problem, text in zip(problems, texts):
+    for problem, text in zip(problems, texts, strict=True):
         if all(label_steps(problem, split_steps(text))):
             assert is_correct(problem, text)
 
@@ -225,5 +225,5 @@ def test_every_event_step_opens_with_its_event():
         steps = split_steps(render_solution(problem, rng, NO_SLIPS))
         event_steps = [step for step in steps if re.search(r"\d+ [-+*/] \d+ = \d+", step)]
         assert len(event_steps) == len(problem.ops)
-        for step, op in zip(event_steps, problem.ops):
+        for step, op in zip(event_steps, problem.ops, strict=True):
             assert step.startswith(op.sentence[:-1]), (step, op.sentence)

@@ -4,20 +4,20 @@ cleaning, the KV pool bounds of the cache. Every test ends with zero KV blocks i
 
 import pytest
 import torch
-from checkpoints import build_llama_prm_checkpoint, build_qwen_prm_checkpoint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, LlamaForCausalLM, Qwen2Config, Qwen2Model
 
+from checkpoints import build_llama_prm_checkpoint, build_qwen_prm_checkpoint
+from scripted_generator import EOS, NEWLINE, ScriptedGenerator, seeded_step
 from specscale.config import EngineConfig
 from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
+from specscale.seam import ScoreRequest
 from specscale.search.presets import preset_config
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
-from scripted_generator import EOS, NEWLINE, ScriptedGenerator, seeded_step
 from specscale.verify import QwenMathPRMFormat, RLHFlowFormat, Verifier, VerifierConfig, clean_steps
-from specscale.seam import ScoreRequest
 from specscale.verify.prm import boundary_keys
 
 QUESTION = "Tom has 12 apples. He buys 7 more and gives away 5. How many apples does he have?"
@@ -127,10 +127,10 @@ def test_scores_match_the_transformers_reference(family, request):
     paths = [(QUESTION, STEPS), ("What is 3 * 4 / 2 + 1?", OTHER_STEPS), (QUESTION, STEPS[:1])]
     results = verifier.score([ScoreRequest(q, s) for q, s in paths])
     all_scores = []
-    for (question, steps), result in zip(paths, results):
+    for (question, steps), result in zip(paths, results, strict=True):
         expected = REFERENCES[family](path, question, clean_steps(steps))
         assert result.ok and result.num_steps == len(steps) and len(result.step_scores) == len(steps)
-        assert max(abs(a - b) for a, b in zip(result.step_scores, expected)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(result.step_scores, expected, strict=True)) < 1e-4
         assert result.newest_score == result.step_scores[-1]
         all_scores += result.step_scores
     assert max(all_scores) - min(all_scores) > 0.02  # the scores differ: a wrong position would show
@@ -146,9 +146,9 @@ def test_qwen_scores_match_the_hf_prm_head_class(qwen_prm_dir):
     expected = score_batch(model, AutoTokenizer.from_pretrained(qwen_prm_dir), paths)
     verifier = make_verifier(qwen_prm_dir)
     results = verifier.score([ScoreRequest(q, s) for q, s in paths])
-    for result, want in zip(results, expected):
+    for result, want in zip(results, expected, strict=True):
         assert len(result.step_scores) == len(want)
-        assert max(abs(a - b) for a, b in zip(result.step_scores, want)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(result.step_scores, want, strict=True)) < 1e-4
     release(verifier)
 
 
@@ -226,7 +226,7 @@ def test_scoring_step_k_computes_only_its_new_tokens(family, request):
     assert 1 <= tail <= 24
     cold = make_verifier(path)
     expected = scores_of(cold, QUESTION, STEPS)
-    assert max(abs(a - b) for a, b in zip(result.step_scores, expected)) < 1e-5  # reuse changes nothing
+    assert max(abs(a - b) for a, b in zip(result.step_scores, expected, strict=True)) < 1e-5  # reuse changes nothing
     assert verifier.stats.computed_tokens == len(fmt.encode(QUESTION, steps).token_ids)
     (again,) = verifier.score([ScoreRequest(QUESTION, STEPS)])  # rescoring a scored path is free
     assert again.computed_tokens == 0 and again.step_scores == result.step_scores
@@ -243,7 +243,7 @@ def test_fresh_path_over_the_engines_prefix_cache_gets_every_score(family, reque
     verifier.clear()
     (again,) = verifier.score([ScoreRequest(QUESTION, STEPS)])
     assert again.ok and len(again.step_scores) == len(first)
-    assert max(abs(a - b) for a, b in zip(again.step_scores, first)) < 1e-5
+    assert max(abs(a - b) for a, b in zip(again.step_scores, first, strict=True)) < 1e-5
     assert verifier.engine.block_manager.num_cache_hit_tokens > 0  # the engine's prefix cache was used
     assert again.computed_tokens < len(verifier.format.encode(QUESTION, clean_steps(STEPS)).token_ids)
     release(verifier)
@@ -262,7 +262,7 @@ def test_many_paths_in_one_batch_share_cached_prefixes(family, request):
     batch = children + [children[0]] + fresh  # one duplicate of a child
     computed_before = verifier.stats.computed_tokens
     results = verifier.score([ScoreRequest(q, s) for q, s in batch])
-    for (question, steps), result in zip(children, results):
+    for (question, steps), result in zip(children, results, strict=True):
         parent_len = len(fmt.encode(question, clean_steps(steps[:2])).token_ids)
         child_len = len(fmt.encode(question, clean_steps(steps)).token_ids)
         assert result.ok and result.computed_tokens == child_len - parent_len
@@ -276,9 +276,9 @@ def test_many_paths_in_one_batch_share_cached_prefixes(family, request):
         child_table, _ = cached_blocks(verifier, question, steps)
         assert child_table[: parent_len // 8] == parent_table[: parent_len // 8]
     cold = make_verifier(path)
-    for (question, steps), result in zip(batch, results):
+    for (question, steps), result in zip(batch, results, strict=True):
         expected = scores_of(cold, question, steps)
-        assert max(abs(a - b) for a, b in zip(result.step_scores, expected)) < 1e-5
+        assert max(abs(a - b) for a, b in zip(result.step_scores, expected, strict=True)) < 1e-5
     release(verifier)
     release(cold)
 
@@ -296,13 +296,13 @@ def test_fresh_paths_of_one_question_in_one_batch_compute_the_question_once(fami
     assert results[0].computed_tokens == lengths[0] and results[-1].computed_tokens == lengths[-1]
     shared = verifier.engine.block_manager.num_cache_hit_tokens
     assert shared >= 3 * 8  # each later path of the question reused at least one full 8-token block
-    assert all(r.computed_tokens < n for r, n in zip(results[1:4], lengths[1:4]))
+    assert all(r.computed_tokens < n for r, n in zip(results[1:4], lengths[1:4], strict=True))
     assert verifier.stats.computed_tokens == sum(lengths) - shared
     assert verifier.stats.waves == 2  # the first pass (one path per question), then the others
     cold = make_verifier(path)
-    for (question, steps), result in zip(batch, results):
+    for (question, steps), result in zip(batch, results, strict=True):
         expected = scores_of(cold, question, steps)
-        assert result.ok and max(abs(a - b) for a, b in zip(result.step_scores, expected)) < 1e-5
+        assert result.ok and max(abs(a - b) for a, b in zip(result.step_scores, expected, strict=True)) < 1e-5
     release(verifier)
     release(cold)
 
@@ -323,10 +323,10 @@ def test_over_context_path_gets_an_error_and_the_batch_is_scored(family, request
     assert len(long_result.step_scores) == 2 and long_result.newest_score is None
     assert not none_result.ok and none_result.step_scores == ()
     assert fine_result.ok and len(fine_result.step_scores) == 2
-    assert max(abs(a - b) for a, b in zip(long_result.step_scores, fine_result.step_scores)) < 1e-6
+    assert max(abs(a - b) for a, b in zip(long_result.step_scores, fine_result.step_scores, strict=True)) < 1e-6
     big = make_verifier(path)
     expected = scores_of(big, QUESTION, STEPS)[:2]
-    assert max(abs(a - b) for a, b in zip(fine_result.step_scores, expected)) < 1e-5
+    assert max(abs(a - b) for a, b in zip(fine_result.step_scores, expected, strict=True)) < 1e-5
     release(verifier)
     release(big)
 
@@ -356,8 +356,8 @@ def test_small_kv_pool_scores_in_waves_and_keeps_blocks_free(qwen_prm_dir):
     tight = make_verifier(qwen_prm_dir, num_kv_blocks=48, max_cached_prefixes=5, min_free_block_fraction=0.5)
     results = tight.score(batch)
     assert tight.stats.waves > 1  # the pool could not hold the batch at once
-    for result, want in zip(results, expected):
-        assert result.ok and max(abs(a - b) for a, b in zip(result.step_scores, want)) < 1e-5
+    for result, want in zip(results, expected, strict=True):
+        assert result.ok and max(abs(a - b) for a, b in zip(result.step_scores, want, strict=True)) < 1e-5
     assert len(tight.cache) <= 5
     assert tight.engine.block_manager.num_free_blocks >= 24
     release(tight)
@@ -376,7 +376,7 @@ def test_a_path_larger_than_the_kv_pool_gets_an_error(qwen_prm_dir):
 def test_bfloat16_scores_are_close_to_float32(qwen_prm_dir):
     fp32, bf16 = make_verifier(qwen_prm_dir), make_verifier(qwen_prm_dir, dtype="bfloat16")
     a, b = scores_of(fp32, QUESTION, STEPS), scores_of(bf16, QUESTION, STEPS)
-    assert max(abs(x - y) for x, y in zip(a, b)) < 0.05
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 0.05
     release(fp32)
     release(bf16)
 

@@ -25,13 +25,13 @@ import torch
 
 from specscale.config import EngineConfig
 from specscale.engine.block_manager import BlockManager
+from specscale.engine.model_runner import ModelRunner, RunnerOutput
 from specscale.engine.sampler import Sampler, SampleRow
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow, Scheduler
 from specscale.engine.sequence import FinishReason, Sequence, SequenceStatus
-from specscale.seam import SamplingParams
-from specscale.engine.model_runner import ModelRunner, RunnerOutput
-from specscale.model.memory import ModelMemory
 from specscale.engine.torch_runner import TorchModelRunner
+from specscale.model.memory import ModelMemory
+from specscale.seam import SamplingParams
 from specscale.tokenizer import Tokenizer
 
 
@@ -226,7 +226,7 @@ class Engine:
                    for s in batch.aborted]
         sampling: list[Sequence] = []  # generating sequences that reached their last token, in row order
         logit_rows: list[int] = []  # their rows of result.head
-        for row, (offset, count) in zip(batch.rows, result.head_rows if result else []):
+        for row, (offset, count) in zip(batch.rows, result.head_rows if result else [], strict=False):
             seq = row.seq
             seq.num_computed_tokens = row.start + row.num_tokens  # row.end
             seq.usage.computed_tokens += row.num_tokens
@@ -255,7 +255,7 @@ class Engine:
         """logits [R, vocab]: row i is seqs[i]'s next-token logits."""
         draws = self.sampler(logits, [self._sample_row(seq) for seq in seqs])
         outputs = []
-        for seq, tokens in zip(seqs, draws):
+        for seq, tokens in zip(seqs, draws, strict=True):
             outputs += self._append_draws(seq, tokens)
         return outputs
 

@@ -84,7 +84,7 @@ class Sampler:
         greedy = [i for i, r in enumerate(rows) if r.temperature == 0]
         if greedy:
             best = logits[greedy].argmax(dim=-1).tolist()
-            for i, token in zip(greedy, best):
+            for i, token in zip(greedy, best, strict=True):
                 out[i] = [token] * rows[i].num_draws
         sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
         if sampled:
@@ -137,7 +137,7 @@ class Sampler:
                 group_inverse_t = inverse_t if whole else inverse_t[group.weight_rows]  # [G]
                 drawn = cpu_kernels.race_sample_logits(group_weights.contiguous(), group_inverse_t,
                                                        self._keys(group.generators), group.draws).tolist()
-            for i, tokens in zip(group.outputs, drawn):
+            for i, tokens in zip(group.outputs, drawn, strict=True):
                 out[i] += tokens  # lanes in order: draw j of a laned row is lane j's
 
     @staticmethod

@@ -33,7 +33,7 @@ class Usage:
     computed_tokens: int = 0  # tokens run through the model, recomputation included
     generated_tokens: int = 0  # tokens sampled
 
-    def add(self, other: "Usage") -> None:
+    def add(self, other: Usage) -> None:
         self.prompt_tokens += other.prompt_tokens
         self.computed_tokens += other.computed_tokens
         self.generated_tokens += other.generated_tokens

@@ -17,8 +17,8 @@ from specscale.model import cpu_kernels
 from specscale.model.attention import AttentionMetadata, padded_prefill_metadata
 from specscale.model.kernel_choice import AttentionShape, KernelChoice
 from specscale.model.loader import load_model, read_hf_config
-from specscale.model.transformer import ModelArgs
 from specscale.model.memory import ModelMemory, tensors_bytes, weight_bytes
+from specscale.model.transformer import ModelArgs
 
 
 def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
@@ -51,7 +51,7 @@ class TorchModelRunner(ModelRunner):
             self._measure_attention(model.kernel_choice, args)
 
     @classmethod
-    def from_checkpoint(cls, config: EngineConfig) -> "TorchModelRunner":
+    def from_checkpoint(cls, config: EngineConfig) -> TorchModelRunner:
         """Load config.model (a local Hugging Face folder); the KV pool is config.num_kv_blocks blocks,
         or as many as config.kv_cache_memory_gb holds."""
         model_max = ModelArgs.from_hf_config(read_hf_config(config.model)).max_position_embeddings
@@ -169,7 +169,7 @@ class TorchModelRunner(ModelRunner):
         """(flat token index of every head position, (offset, count) per row)."""
         positions, head_rows = head_layout(batch)
         head_index, first = [], 0  # first: flat index of the row's first token
-        for row, wanted in zip(batch.rows, positions):
+        for row, wanted in zip(batch.rows, positions, strict=True):
             head_index += [first + p - row.start for p in wanted]
             first += row.num_tokens
         return head_index, head_rows

@@ -25,9 +25,9 @@ import os
 import statistics
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from specscale.config import KERNEL_MODES
 from specscale.model import cpu_kernels

@@ -6,15 +6,25 @@ Apart from kernel_choice.py because they build the layers they time (model/trans
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from specscale.model.attention import AttentionMetadata, decode_attention, padded_prefill_metadata, prefill_attention
-from specscale.model.kernel_choice import (BLOCK_TOKENS, BUCKET_BUDGET_S, CONTEXT_TOKENS,
-                                           DECODE_ROWS, MAX_ROUNDS, MIN_ROUNDS, NEW_TOKENS, PREFILL_ROWS,
-                                           AttentionShape, KernelChoice, LinearShape)
+from specscale.model.kernel_choice import (
+    BLOCK_TOKENS,
+    BUCKET_BUDGET_S,
+    CONTEXT_TOKENS,
+    DECODE_ROWS,
+    MAX_ROUNDS,
+    MIN_ROUNDS,
+    NEW_TOKENS,
+    PREFILL_ROWS,
+    AttentionShape,
+    KernelChoice,
+    LinearShape,
+)
 from specscale.model.transformer import Linear
 
 

@@ -64,7 +64,7 @@ class MachineFingerprint:
     omp_wait_policy: str = ""
 
     @classmethod
-    def current(cls) -> "MachineFingerprint":
+    def current(cls) -> MachineFingerprint:
         return cls(cpu_model(), isa_flags(), torch.get_num_threads(), torch.__version__,
                    os.environ.get("OMP_WAIT_POLICY", "").upper())
 

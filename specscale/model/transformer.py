@@ -42,7 +42,7 @@ class ModelArgs:
     num_labels: int = 2
 
     @classmethod
-    def from_hf_config(cls, config: dict) -> "ModelArgs":
+    def from_hf_config(cls, config: dict) -> ModelArgs:
         architecture = config.get("architectures", [""])[0]
         num_heads = config["num_attention_heads"]
         rope = config.get("rope_parameters") or {}  # transformers >= 5 keeps rope settings here

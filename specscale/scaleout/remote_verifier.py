@@ -27,9 +27,9 @@ from ray.serve.exceptions import DeploymentUnavailableError
 from specscale.model.loader import read_hf_config
 from specscale.model.transformer import ModelArgs
 from specscale.pipeline import PipelineConfig
-from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 from specscale.scaleout.score_call import ScoreCall, ScoreReply
 from specscale.scaleout.scored_prefixes import ScoredPrefixes, fitting_input
+from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 from specscale.tokenizer import Tokenizer
 from specscale.verify.formats import make_format
 from specscale.verify.prm import VerifierConfig

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from specscale.verify.formats import PRMFormat, PRMInput, clean_steps
 from specscale.seam import ScoreRequest
+from specscale.verify.formats import PRMFormat, PRMInput, clean_steps
 from specscale.verify.prm import boundary_keys
 
 

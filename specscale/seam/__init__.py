@@ -25,7 +25,13 @@ j is *lane* j and samples only from its own seed, and every update names the lan
 
 from specscale.seam.kv_usage import KVUsage
 from specscale.seam.operations import (
-    AbortSequence, BranchSequence, PauseSequence, PrioritizeSequence, SequenceId, SequenceOp, StartSequence,
+    AbortSequence,
+    BranchSequence,
+    PauseSequence,
+    PrioritizeSequence,
+    SequenceId,
+    SequenceOp,
+    StartSequence,
 )
 from specscale.seam.sampling import SamplingParams
 from specscale.seam.scoring import ScoreRequest, ScoreResult

@@ -5,7 +5,6 @@ still reading) are ignored."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from specscale.seam.sampling import SamplingParams
 
@@ -69,4 +68,4 @@ class PrioritizeSequence:
     resume: bool = False
 
 
-SequenceOp = Union[StartSequence, BranchSequence, AbortSequence, PauseSequence, PrioritizeSequence]
+SequenceOp = StartSequence | BranchSequence | AbortSequence | PauseSequence | PrioritizeSequence

@@ -10,12 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specscale.seam import (
-    AbortSequence, BranchSequence, EndReason, KVUsage, PauseSequence, PrioritizeSequence, SequenceId, SequenceOp,
-    SequenceState, SequenceUpdate, StartSequence,
-)
 from specscale.engine.engine import Engine, SequenceOutput
 from specscale.engine.sequence import FinishReason, SequenceStatus
+from specscale.seam import (
+    AbortSequence,
+    BranchSequence,
+    EndReason,
+    KVUsage,
+    PauseSequence,
+    PrioritizeSequence,
+    SequenceId,
+    SequenceOp,
+    SequenceState,
+    SequenceUpdate,
+    StartSequence,
+)
 
 ENDED = {FinishReason.READOUT: SequenceState.READOUT, FinishReason.PREEMPTED: SequenceState.LOST}
 BY_STATUS = {SequenceStatus.RUNNING: SequenceState.GENERATING, SequenceStatus.WAITING: SequenceState.GENERATING,
@@ -40,7 +49,7 @@ class EngineBackend:
     def step(self) -> list[SequenceUpdate]:
         outputs = self.engine.step()
         updates = [self._update(out) for out in outputs]  # a row splits off its parent after the parent's update
-        for out, update in zip(outputs, updates):
+        for out, update in zip(outputs, updates, strict=True):
             if update.state in (SequenceState.FINISHED, SequenceState.LOST):
                 self._forget(out.seq_id)
         return updates

@@ -14,6 +14,7 @@ do nothing. The runtime's share of the policy is `head_start`, the truncated tex
 from __future__ import annotations
 
 import random
+
 from specscale.config import SearchConfig
 from specscale.search.protocol import Expand, Pause, Resume
 from specscale.search.tree import Candidate, CandidateState, Expansion, Round

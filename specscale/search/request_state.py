@@ -27,7 +27,7 @@ class SearchRequest:
 class Physical:
     """An engine sequence this runtime started: whose it is and the tokens of its current step."""
 
-    request: "RequestState"
+    request: RequestState
     expansion_id: int | None  # None once it holds a finished candidate (or for the prompt prefix)
     speculative: bool
     created_at: float

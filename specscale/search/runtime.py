@@ -26,26 +26,50 @@ import time as _time
 from collections import deque
 from collections.abc import Callable
 
+from specscale.prompts import STEP_SEPARATOR
 from specscale.seam import (
-    AbortSequence, BranchSequence, PauseSequence, PrioritizeSequence, SamplingParams, ScoreRequest, SequenceId,
-    SequenceOp, SequenceState, SequenceUpdate, StartSequence,
+    AbortSequence,
+    BranchSequence,
+    PauseSequence,
+    PrioritizeSequence,
+    SamplingParams,
+    ScoreRequest,
+    SequenceId,
+    SequenceOp,
+    SequenceState,
+    SequenceUpdate,
+    StartSequence,
 )
 from specscale.search.backend import GeneratorBackend, VerifierBackend
 from specscale.search.lazy_flush import FlushSignals, flush_policy
 from specscale.search.lookahead import head_start
 from specscale.search.metrics import RunMetrics
 from specscale.search.protocol import (
-    Cancel, Cancelled, Done, Expand, GenerationLost, Pause, Release, Resume, ScoresArrived, SetPriority,
-    StepFinished, Verify,
+    Cancel,
+    Cancelled,
+    Done,
+    Expand,
+    GenerationLost,
+    Pause,
+    Release,
+    Resume,
+    ScoresArrived,
+    SetPriority,
+    StepFinished,
+    Verify,
 )
 from specscale.search.request_state import (
-    Physical, RequestState, RuntimeStats, SearchRequest, timings_of, usage_of,
+    Physical,
+    RequestState,
+    RuntimeStats,
+    SearchRequest,
+    timings_of,
+    usage_of,
 )
 from specscale.search.result import AnswerReader, SearchResult
 from specscale.search.search import Search
 from specscale.search.verification import VERIFICATIONS
 from specscale.search.verify_queue import QueuedStep, VerifyQueue
-from specscale.prompts import STEP_SEPARATOR
 from specscale.verify.profile import DEFAULT_LV_THRESHOLD
 
 
@@ -289,7 +313,7 @@ class SearchRuntime:
         self.metrics.verifier_call(len(batch), sum(item.tokens for item in batch), len(requests))
         for state in requests:
             state.verification_s += now - start
-        for item, result in zip(batch, results):
+        for item, result in zip(batch, results, strict=True):
             state = item.request
             if state.request_id in self.active:
                 event = ScoresArrived(item.candidate, tuple(result.step_scores), result.error, now)

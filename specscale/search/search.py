@@ -29,19 +29,27 @@ from dataclasses import dataclass
 
 from specscale.config import SearchConfig
 from specscale.search import policies
-from specscale.search.protocol import (
-    Cancel, Cancelled, Done, Expand, GenerationLost, Release, ScoresArrived, SetPriority,
-    StepFinished, Verify,
-)
-from specscale.search.result import SearchResult, build_result
-from specscale.search.seeds import seeds_of
 from specscale.search.dedup import make_dedup
 from specscale.search.lookahead import LOOKAHEAD_PRIORITY, make_lookahead, promote
+from specscale.search.protocol import (
+    Cancel,
+    Cancelled,
+    Done,
+    Expand,
+    GenerationLost,
+    Release,
+    ScoresArrived,
+    SetPriority,
+    StepFinished,
+    Verify,
+)
 from specscale.search.pruning import make_pruning, make_shortcut
+from specscale.search.result import SearchResult, build_result
+from specscale.search.seeds import seeds_of
 from specscale.search.selection import make_selection
 from specscale.search.speculation import make_speculation
-from specscale.search.verification import VERIFICATIONS
 from specscale.search.tree import Candidate, CandidateState, Expansion, Round, Subtree
+from specscale.search.verification import VERIFICATIONS
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ class Expansion:
     """
 
     id: int
-    parent: "Candidate | None"
+    parent: Candidate | None
     round: int
     child_keys: tuple[Key, ...]
     seeds: tuple[int, ...] | None  # one per lane (search/seeds.py)
@@ -48,7 +48,7 @@ class Expansion:
     pending: set[int] = field(default_factory=set)  # lanes still generating
     kept: set[int] = field(default_factory=set)  # lanes whose children are still wanted
     cancelled: bool = False
-    finished: list["Candidate"] = field(default_factory=list)  # its pieces that finished, in order
+    finished: list[Candidate] = field(default_factory=list)  # its pieces that finished, in order
 
     def __post_init__(self) -> None:
         self.pending = set(range(len(self.child_keys)))
@@ -119,7 +119,7 @@ class Candidate:
         return self.expansion.round
 
     @property
-    def parent(self) -> "Candidate | None":
+    def parent(self) -> Candidate | None:
         return self.expansion.parent
 
     @property

@@ -54,7 +54,7 @@ class SimulatedRunner(ModelRunner):
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         positions, layout = head_layout(batch)
-        items = [(row.seq, p) for row, wanted in zip(batch.rows, positions) for p in wanted]
+        items = [(row.seq, p) for row, wanted in zip(batch.rows, positions, strict=True) for p in wanted]
         work = IterationWork.from_batch(batch, len(items), self.live_sequences())
         seconds = self.cost_model.iteration_seconds(self.profile, work, self.role)
         self.clock.advance(seconds)

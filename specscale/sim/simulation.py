@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from specscale.config import EngineConfig, SearchConfig
 from specscale.engine.engine import Engine
 from specscale.search.runtime import SearchRequest
-from specscale.sim.row_budget import resolve_row_budget
 from specscale.sim.clock import VirtualClock
 from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel, kv_capacity
 from specscale.sim.hardware import HardwareProfile
 from specscale.sim.model_profile import ModelProfile
 from specscale.sim.problems import Problem, make_problems
+from specscale.sim.row_budget import resolve_row_budget
 from specscale.sim.runner import SimulatedRunner
 from specscale.sim.synthetic_generator import SyntheticGenerator
 from specscale.sim.synthetic_prm import FORMAT_TEMPLATES, SyntheticPRM

@@ -25,7 +25,13 @@ from specscale.sim.problems import ProblemFacts, problem_facts, prompt_end
 from specscale.sim.runner import HeadModel
 from specscale.sim.tokenizer import SyntheticTokenizer
 from specscale.sim.workload import (
-    REFERENCE_TEMPERATURE, WorkloadParams, hazard, slip_rates, step_tokens_pmf, steps_pmf, wrong_answer_weights,
+    REFERENCE_TEMPERATURE,
+    WorkloadParams,
+    hazard,
+    slip_rates,
+    step_tokens_pmf,
+    steps_pmf,
+    wrong_answer_weights,
 )
 
 STATE_CACHE_SIZE = 1 << 16  # engine sequences whose state is kept (LRU)

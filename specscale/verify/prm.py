@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specscale.config import EngineConfig
-from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 from specscale.engine.engine import Engine
 from specscale.engine.sequence import FinishReason, SequenceStatus
 from specscale.model.loader import read_hf_config
+from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 from specscale.verify.formats import PRMFormat, PRMInput, clean_steps, make_format
 
 

@@ -244,7 +244,7 @@ def _time_batch(engine: Engine, context: int, sizes: list[int], generator, vocab
     _synchronize(engine)
     start = time.perf_counter()
     children = engine.fork(context, len(sizes))
-    for child, ids in zip(children, tokens):
+    for child, ids in zip(children, tokens, strict=True):
         engine.extend(child, None, token_ids=ids, readout_positions=[start_position + len(ids) - 1])
     _run_readouts(engine, children)
     _synchronize(engine)
@@ -282,8 +282,8 @@ def plot_profile(profile: PRMProfile, path: Path) -> None:
 
     sizes = [p.batch_tokens for p in profile.points]
     medians = [p.tokens_per_s for p in profile.points]
-    low = [m - p.batch_tokens / max(p.seconds) for m, p in zip(medians, profile.points)]
-    high = [p.batch_tokens / min(p.seconds) - m for m, p in zip(medians, profile.points)]
+    low = [m - p.batch_tokens / max(p.seconds) for m, p in zip(medians, profile.points, strict=True)]
+    high = [p.batch_tokens / min(p.seconds) - m for m, p in zip(medians, profile.points, strict=True)]
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     ax.errorbar(sizes, medians, yerr=[low, high], marker="o", capsize=3, label="median (range over repeats)")
     ax.axvline(profile.threshold, color="tab:red", linestyle="--", label=f"knee = {profile.threshold} tokens")

@@ -16,11 +16,24 @@ import math
 import statistics
 from statistics import NormalDist
 
-from specscale_lab.bench.common import (
-    LADDER, add_common_arguments, finish_info, fresh_runtime, interleaved, is_right, markdown_table, new_figure,
-    progress_bar, run_batch, search_requests, search_settings, start_run, vote_is_right, write_outputs,
-)
 from specscale.search.presets import preset_config
+from specscale_lab.bench.common import (
+    LADDER,
+    add_common_arguments,
+    finish_info,
+    fresh_runtime,
+    interleaved,
+    is_right,
+    markdown_table,
+    new_figure,
+    progress_bar,
+    run_batch,
+    search_requests,
+    search_settings,
+    start_run,
+    vote_is_right,
+    write_outputs,
+)
 
 NAME = "accuracy"
 FULL = {"problems": 300, "repeats": 3, "beam_sizes": [8], "max_rounds": 40, "variants": [*LADDER, "fasttts-db", "dvts"]}
@@ -76,9 +89,9 @@ def measure(stack, args, problems, cells) -> list[dict]:
             batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, bar)
             runs.append({
                 "variant": variant, "beam_size": n, "seed": seed,
-                "best": [int(is_right(p, r)) for p, r in zip(problems, batch.results)],
-                "weighted_vote": [int(vote_is_right(p, r.weighted_vote)) for p, r in zip(problems, batch.results)],
-                "majority_vote": [int(vote_is_right(p, r.majority_vote)) for p, r in zip(problems, batch.results)],
+                "best": [int(is_right(p, r)) for p, r in zip(problems, batch.results, strict=True)],
+                "weighted_vote": [int(vote_is_right(p, r.weighted_vote)) for p, r in zip(problems, batch.results, strict=True)],
+                "majority_vote": [int(vote_is_right(p, r.majority_vote)) for p, r in zip(problems, batch.results, strict=True)],
                 "answers": [r.answer for r in batch.results],
                 "best_paths": [r.best.text if r.best else None for r in batch.results],
                 "elapsed_s": batch.elapsed_s,
@@ -121,7 +134,7 @@ def mean_ci(per_problem: list[float]) -> dict:
 def same_paths(a: dict[int, list], b: dict[int, list]) -> float:
     """Share of (problem, seed) pairs where both cells chose the same path: a check of the pairing
     (with honoured seeds, naive-spec and ep-strict choose exactly beam's paths)."""
-    pairs = [(x, y) for seed in set(a) & set(b) for x, y in zip(a[seed], b[seed])]
+    pairs = [(x, y) for seed in set(a) & set(b) for x, y in zip(a[seed], b[seed], strict=True)]
     return sum(x == y for x, y in pairs) / len(pairs)
 
 
@@ -218,8 +231,8 @@ def plot(results: dict):
     levels.set_xticks(list(xs), labels, rotation=45, ha="right")
     levels.set_ylabel("accuracy (%)")
     levels.legend(fontsize=8)
-    compared = [(label, c["difference_to_beam"]) for label, c in zip(labels, cells) if "difference_to_beam" in c]
-    for y, (label, diff) in enumerate(compared):
+    compared = [(label, c["difference_to_beam"]) for label, c in zip(labels, cells, strict=True) if "difference_to_beam" in c]
+    for y, (_, diff) in enumerate(compared):
         low, high = diff["mean"] - diff["ci95_low"], diff["ci95_high"] - diff["mean"]
         differences.errorbar([100 * diff["mean"]], [y], xerr=[[100 * low], [100 * high]], fmt="o", capsize=3)
     differences.axvspan(-100 * CI_TARGET, 100 * CI_TARGET, color="green", alpha=0.15, label="±2 pp")

@@ -17,8 +17,8 @@ import gc
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 
 from specscale_lab.bench.stack import BenchStack
 

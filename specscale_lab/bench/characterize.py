@@ -28,9 +28,21 @@ from collections import defaultdict
 import numpy as np
 
 from specscale_lab.bench.common import (
-    LADDER, add_common_arguments, finish_info, fresh_runtime, interleaved, markdown_table, median_summary,
-    new_figure, percentile, progress_bar, run_batch, search_requests,
-    search_settings, serving_numbers, start_run,
+    LADDER,
+    add_common_arguments,
+    finish_info,
+    fresh_runtime,
+    interleaved,
+    markdown_table,
+    median_summary,
+    new_figure,
+    percentile,
+    progress_bar,
+    run_batch,
+    search_requests,
+    search_settings,
+    serving_numbers,
+    start_run,
     write_outputs,
 )
 from specscale_lab.bench.profiling import profile_report, profile_run
@@ -83,7 +95,7 @@ def waiting_at_batch_size_one(stack, args) -> dict:
     with progress_bar(len(requests), "waiting at batch size 1") as bar:
         batch = run_batch(fresh_runtime(stack, 1), requests, bar)
     per_request = []
-    for problem, request in zip(problems, requests):
+    for problem, request in zip(problems, requests, strict=True):
         rounds = batch.runtime.search(request.request_id).round_waiting
         idle, busy = sum(i for i, _ in rounds), sum(b for _, b in rounds)
         per_request.append({"events": stack.difficulty(problem), "ratio": idle / (idle + busy) if idle + busy else 0.0})
@@ -320,7 +332,7 @@ def plot_time_split(axis, results: dict) -> None:
     bottom = [0.0] * len(cells)
     for part in ("generation_share", "verification_share", "other_share"):
         axis.bar(labels, [c[part] for c in cells], bottom=bottom, label=part.removesuffix("_share"))
-        bottom = [b + c[part] for b, c in zip(bottom, cells)]
+        bottom = [b + c[part] for b, c in zip(bottom, cells, strict=True)]
     axis.set_title("time split under load")
     axis.tick_params(axis="x", rotation=60, labelsize=7)
     axis.legend(fontsize=7)

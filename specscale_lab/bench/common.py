@@ -36,7 +36,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specscale_lab.bench.stack import PROBLEM_SET_SEED, BenchStack, RealStack, SimulatedStack
 from specscale.config import KERNEL_MODES
 from specscale.model.machine import MachineFingerprint
 from specscale.pipeline import Pipeline, PipelineConfig
@@ -46,6 +45,7 @@ from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.hardware import bundled_hardware
 from specscale.sim.model_profile import bundled_models
 from specscale.sim.simulation import Simulation, SimulationConfig
+from specscale_lab.bench.stack import PROBLEM_SET_SEED, BenchStack, RealStack, SimulatedStack
 from specscale_lab.calibration.workload_choice import DATASET_CHOICES, choose_workload, default_dataset
 from specscale_lab.tasks.toy import ToyProblem, is_correct, toy_problems
 
@@ -275,7 +275,7 @@ def serving_numbers(run: BatchRun, problems: list[ToyProblem]) -> dict[str, floa
     elapsed = run.elapsed_s
     metrics = run.runtime.metrics.summary()
     usage = [r.usage for r in run.results]
-    correct = sum(is_right(p, r) for p, r in zip(problems, run.results))
+    correct = sum(is_right(p, r) for p, r in zip(problems, run.results, strict=True))
     generation, verification = metrics["generation_s"], metrics["verification_s"]
     generated = sum(u.generated_tokens for u in usage)
     return {

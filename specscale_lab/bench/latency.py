@@ -23,9 +23,23 @@ from collections import deque
 import numpy as np
 
 from specscale_lab.bench.common import (
-    add_common_arguments, finish_info, float_list, flush_text, fresh_runtime, interleaved, markdown_table,
-    median_summary, new_figure, percentile, prm_numbers, progress_bar, run_batch, search_requests,
-    search_settings, start_run, write_outputs,
+    add_common_arguments,
+    finish_info,
+    float_list,
+    flush_text,
+    fresh_runtime,
+    interleaved,
+    markdown_table,
+    median_summary,
+    new_figure,
+    percentile,
+    prm_numbers,
+    progress_bar,
+    run_batch,
+    search_requests,
+    search_settings,
+    start_run,
+    write_outputs,
 )
 
 NAME = "latency"
@@ -61,7 +75,7 @@ def run(args) -> int:
     stack.close()
     results = summarize(runs, cells)
     budget = budget_ms_per_token(args, results, rates)
-    for variant, by_size in results.items():
+    for by_size in results.values():
         for cell in by_size.values():
             cell["max_sustainable_rate"] = sustainable_rate(cell["rates"], budget, BUDGET_KEYS[args.budget_unit])
     extra = {"rates": rates, "capacity_requests_per_s": capacity, "burstiness": args.burstiness,
@@ -112,7 +126,7 @@ def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float]
     finished_at: dict[str, float] = {}
     runtime = fresh_runtime(stack, max_concurrency,
                             on_finished=lambda request_id, _: finished_at.__setitem__(request_id, clock()))
-    pending = deque(zip(arrivals, requests))
+    pending = deque(zip(arrivals, requests, strict=True))
     ids = []
     start = clock()
     while pending or runtime.has_work():
@@ -123,7 +137,7 @@ def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float]
         elif pending:
             stack.wait_until(start + pending[0][0])
     out = []
-    for request_id, arrival in zip(ids, arrivals):
+    for request_id, arrival in zip(ids, arrivals, strict=True):
         result = runtime.result(request_id)
         latency = finished_at[request_id] - (start + arrival)
         out.append({"arrival_s": arrival, "latency_s": latency, "output_tokens": result.usage.output_tokens,

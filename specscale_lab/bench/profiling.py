@@ -8,7 +8,12 @@ import pstats
 from collections import defaultdict
 
 from specscale_lab.bench.common import (
-    fresh_runtime, markdown_table, progress_bar, run_batch, search_requests, search_settings,
+    fresh_runtime,
+    markdown_table,
+    progress_bar,
+    run_batch,
+    search_requests,
+    search_settings,
 )
 
 TOP_FUNCTIONS = 15

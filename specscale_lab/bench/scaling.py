@@ -10,10 +10,21 @@ ratio and the peak KV blocks in use (and their share of the pool).
 
 from __future__ import annotations
 
-
 from specscale_lab.bench.common import (
-    add_common_arguments, finish_info, fresh_runtime, int_list, interleaved, markdown_table, median_summary,
-    new_figure, progress_bar, run_batch, search_requests, search_settings, serving_numbers, start_run,
+    add_common_arguments,
+    finish_info,
+    fresh_runtime,
+    int_list,
+    interleaved,
+    markdown_table,
+    median_summary,
+    new_figure,
+    progress_bar,
+    run_batch,
+    search_requests,
+    search_settings,
+    serving_numbers,
+    start_run,
     write_outputs,
 )
 

@@ -10,13 +10,24 @@ the queue. Too high a threshold delays pruning; this shows by how much.
 
 from __future__ import annotations
 
-
+from specscale.config import SearchConfig
 from specscale_lab.bench.common import (
-    add_common_arguments, finish_info, fresh_runtime, int_list, interleaved, markdown_table, median_summary,
-    new_figure, progress_bar, run_batch, search_requests, search_settings, serving_numbers, start_run,
+    add_common_arguments,
+    finish_info,
+    fresh_runtime,
+    int_list,
+    interleaved,
+    markdown_table,
+    median_summary,
+    new_figure,
+    progress_bar,
+    run_batch,
+    search_requests,
+    search_settings,
+    serving_numbers,
+    start_run,
     write_outputs,
 )
-from specscale.config import SearchConfig
 
 NAME = "sweep-lv"
 REFERENCE = "ep+cd"

@@ -17,9 +17,22 @@ import statistics
 
 from specscale_lab.bench.cell_pool import CellPool, add_workers_argument, resolve_workers
 from specscale_lab.bench.common import (
-    LADDER, add_common_arguments, finish_info, flush_text, fresh_runtime, interleaved, markdown_table,
-    median_summary, new_figure, progress_bar, run_batch, search_requests, search_settings, serving_numbers,
-    start_run, write_outputs,
+    LADDER,
+    add_common_arguments,
+    finish_info,
+    flush_text,
+    fresh_runtime,
+    interleaved,
+    markdown_table,
+    median_summary,
+    new_figure,
+    progress_bar,
+    run_batch,
+    search_requests,
+    search_settings,
+    serving_numbers,
+    start_run,
+    write_outputs,
 )
 
 NAME = "throughput"
@@ -169,9 +182,9 @@ def plot(results: dict, variants: list[str], beam_sizes: list[int]):
     parts = ("generation_s", "verification_s", "other_s")
     totals = [sum(results[v][str(n)][part] for part in parts) for v in variants]
     for part in parts:
-        share = [results[v][str(n)][part] / total for v, total in zip(variants, totals)]
+        share = [results[v][str(n)][part] / total for v, total in zip(variants, totals, strict=True)]
         split.bar(variants, share, bottom=bottom, label=part.removesuffix("_s"))
-        bottom = [b + s for b, s in zip(bottom, share)]
+        bottom = [b + s for b, s in zip(bottom, share, strict=True)]
     split.set_ylabel(f"share of wall time, N = {n}")
     split.tick_params(axis="x", rotation=45)
     split.legend()

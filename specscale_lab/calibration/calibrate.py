@@ -50,7 +50,7 @@ def sibling_common_prefix(params: WorkloadParams, width: int = 4, groups: int = 
             logits = generator.outputs([(Sequence(next(ids), tokens, None, 0), len(tokens) - 1) for tokens, _ in nodes])
             probs = np.exp(logits.numpy().astype(np.float64) / REFERENCE_TEMPERATURE)  # [nodes, generated_size]
             children = []
-            for (tokens, count), p in zip(nodes, probs):
+            for (tokens, count), p in zip(nodes, probs, strict=True):
                 drawn = rng.multinomial(count, p / p.sum())
                 for token in np.flatnonzero(drawn):
                     group_tokens += int(drawn[token])

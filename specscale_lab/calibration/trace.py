@@ -32,8 +32,8 @@ from pathlib import Path
 
 from specscale.grading import extract_answer
 from specscale.prompts import STEP_SEPARATOR
-from specscale_lab.calibration.calibrate import top_token_prob
 from specscale.sim.workload import PRMScoreParams, WorkloadParams
+from specscale_lab.calibration.calibrate import top_token_prob
 
 FORMAT = "specscale-trace"
 VERSION = 1

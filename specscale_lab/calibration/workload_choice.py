@@ -18,8 +18,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from specscale_lab.calibration.trace import fit_workload, read_trace
 from specscale.sim.workload import DATASETS, GENERATOR_ACCURACY, PRM_PRESETS, TOY, WorkloadParams, preset
+from specscale_lab.calibration.trace import fit_workload, read_trace
 
 TOY_DATASET = "toy"
 DATASET_CHOICES = (*DATASETS, TOY_DATASET)

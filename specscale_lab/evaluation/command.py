@@ -16,19 +16,25 @@ import dataclasses
 import time
 from pathlib import Path
 
+from specscale.config import SearchConfig
+from specscale.grading import DATASETS, AnswerGrader, Problem, load_problems, shared_grader
+from specscale.prompts import MATH_SYSTEM_PROMPT
+from specscale.search.presets import PRESETS, parse_variant, preset_config, split_variants
+from specscale.search.result import SearchResult
 from specscale_lab.bench.common import (
-    DEFAULT_CONCURRENCY, add_model_arguments, finish_info, fresh_runtime, open_pipeline, paired_seed, run_batch,
+    DEFAULT_CONCURRENCY,
+    add_model_arguments,
+    finish_info,
+    fresh_runtime,
+    open_pipeline,
+    paired_seed,
+    run_batch,
     run_info,
 )
 from specscale_lab.bench.stack import RealStack
-from specscale.config import SearchConfig
 from specscale_lab.evaluation.progress import Progress
 from specscale_lab.evaluation.report import markdown, summarize
 from specscale_lab.evaluation.results import ResultsFolder
-from specscale.grading import DATASETS, AnswerGrader, Problem, load_problems, shared_grader
-from specscale.search.presets import PRESETS, parse_variant, preset_config, split_variants
-from specscale.search.result import SearchResult
-from specscale.prompts import MATH_SYSTEM_PROMPT
 
 NAME = "eval"
 GRADE_TIMEOUT_S = 5.0  # math-verify's default per comparison; a longer one counts as wrong

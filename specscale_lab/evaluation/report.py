@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import statistics
 
+from specscale.grading import Problem
 from specscale_lab.bench.accuracy import accuracy_ci, paired_difference
 from specscale_lab.bench.common import markdown_table
-from specscale.grading import Problem
 
 ANSWERS = ("best", "weighted_vote", "majority_vote")
 

@@ -49,7 +49,7 @@ def label_steps(problem: ToyProblem, steps: list[str]) -> list[bool]:
 
 def _mismatch(written: str, expected: str, start: int) -> int | None:
     """Offset of the first character where ``written`` (at ``start``) departs from ``expected``."""
-    for i, (w, e) in enumerate(zip(written, expected)):
+    for i, (w, e) in enumerate(zip(written, expected, strict=False)):
         if w != e:
             return start + i
     if len(written) != len(expected):
@@ -116,7 +116,7 @@ class _StepChecker:
         first, second = self.value, op.operand
         if op.symbol in "+*" and int(match[1]) != first and int(match[1]) == second:
             first, second = second, first
-        for group, expected in zip((1, 2, 3), (str(first), op.symbol, str(second))):
+        for group, expected in zip((1, 2, 3), (str(first), op.symbol, str(second)), strict=True):
             error = _mismatch(match[group], expected, match.start(group))
             if error is not None:
                 return error

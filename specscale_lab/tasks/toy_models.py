@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specscale_lab.tasks.toy import STEP_SEPARATOR, TOY_GENERATOR_DIR, TOY_PRM_DIR, generator_messages
 from specscale.verify.hf_prm import Qwen2ForProcessRewardModel
+from specscale_lab.tasks.toy import STEP_SEPARATOR, TOY_GENERATOR_DIR, TOY_PRM_DIR, generator_messages
 
 
 @dataclass(frozen=True)

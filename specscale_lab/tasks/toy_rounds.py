@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specscale.verify.hf_prm import score_batch
 from specscale_lab.tasks.hf_sampling import SamplingSettings, sample_continuations
 from specscale_lab.tasks.toy import ToyProblem, split_steps
 from specscale_lab.tasks.toy_models import ToyModels
-from specscale.verify.hf_prm import score_batch
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def beam_search(models: ToyModels, problems: list[ToyProblem], settings: BeamSet
         for i in active:
             results[i].rounds.append(RoundRecord([[c.ids[len(p.ids):] for c in kids] for p, kids in children[i]]))
             live[i] = _select(results[i], [c for _, kids in children[i] for c in kids], settings)
-    for result, paths in zip(results, live):
+    for result, paths in zip(results, live, strict=True):
         pool = result.finished or paths
         best = max(pool, key=lambda path: path.score) if pool else Path([])
         result.answer_text = models.text(best.ids)
@@ -100,7 +100,7 @@ def _expand(models, prompts, live, active, settings: BeamSettings, round_index: 
         models.generator, prefixes, width, stop_ids, models.gen_tokenizer.pad_token_id, sampling
     )
     children: dict[int, list[tuple[Path, list[Path]]]] = {i: [] for i in active}
-    for (i, parent), group in zip(parents, steps):
+    for (i, parent), group in zip(parents, steps, strict=True):
         kids = []
         for step in group:
             ids = parent.ids + step
@@ -114,7 +114,7 @@ def _score(models: ToyModels, problems: list[ToyProblem], children) -> None:
     """Score every child with the PRM; a path's score is its last step's score."""
     paths = [(i, kid) for i, groups in children.items() for _, kids in groups for kid in kids]
     queries = [(problems[i].question, split_steps(models.text(kid.ids)) or [""]) for i, kid in paths]
-    for (_, kid), scores in zip(paths, score_batch(models.prm, models.prm_tokenizer, queries)):
+    for (_, kid), scores in zip(paths, score_batch(models.prm, models.prm_tokenizer, queries), strict=True):
         kid.score = scores[-1]
 
 

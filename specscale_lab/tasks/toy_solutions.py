@@ -152,5 +152,5 @@ def _final_step(problem: ToyProblem, value: int, style: str, rng: random.Random)
 
 
 def _choose(rng: random.Random, weighted: tuple[tuple[str, float], ...]) -> str:
-    names, weights = zip(*weighted)
+    names, weights = zip(*weighted, strict=True)
     return rng.choices(names, weights)[0]

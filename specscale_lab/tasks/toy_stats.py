@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specscale.verify.hf_prm import score_batch
 from specscale_lab.tasks.hf_sampling import SamplingSettings, sample_continuations
 from specscale_lab.tasks.toy import (
     TOY_GENERATOR_DIR,
@@ -49,9 +50,8 @@ from specscale_lab.tasks.toy import (
 )
 from specscale_lab.tasks.toy_corrupt import corrupt_steps
 from specscale_lab.tasks.toy_models import ToyModels, load_toy_models
-from specscale_lab.tasks.toy_solutions import NO_SLIPS, render_solution
 from specscale_lab.tasks.toy_rounds import BeamSettings, SearchResult, beam_search
-from specscale.verify.hf_prm import score_batch
+from specscale_lab.tasks.toy_solutions import NO_SLIPS, render_solution
 
 SAMPLES = 8
 DIFFICULTY_BANDS = ((1, 2), (3, 5), (6, 8))  # events per problem, inclusive
@@ -70,7 +70,7 @@ def sample_solutions(models: ToyModels, problems: list[ToyProblem], n: int, seed
 def best_of_n_metrics(problems, texts, scores) -> dict[str, float]:
     """Accuracies of one sample, pass@n, majority vote and the PRM's picks, over problems."""
     rows = defaultdict(list)
-    for problem, candidates, step_scores in zip(problems, texts, scores):
+    for problem, candidates, step_scores in zip(problems, texts, scores, strict=True):
         correct = [is_correct(problem, t) for t in candidates]
         answers = [extract_answer(t) for t in candidates]
         rows["single"].append(float(np.mean(correct)))
@@ -86,7 +86,7 @@ def best_of_n_metrics(problems, texts, scores) -> dict[str, float]:
 def _vote(answers: list[str | None], weights: list[float]) -> str | None:
     """The answer with the largest total weight (first seen wins ties); None without answers."""
     totals: dict[str, float] = {}
-    for answer, weight in zip(answers, weights):
+    for answer, weight in zip(answers, weights, strict=True):
         if answer is not None:
             totals[answer] = totals.get(answer, 0.0) + weight
     return max(totals, key=totals.get) if totals else None
@@ -96,9 +96,9 @@ def step_metrics(problems, steps, labels, scores) -> dict[str, float]:
     """Within-problem and pooled step AUC, and the fraction of scores exactly 1.0."""
     groups: dict[tuple[int, int], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     pooled_good, pooled_bad = [], []
-    for p, per_problem in enumerate(zip(steps, labels, scores)):
-        for step_list, label_list, score_list in zip(*per_problem):
-            for k, (good, score) in enumerate(zip(label_list, score_list)):
+    for p, per_problem in enumerate(zip(steps, labels, scores, strict=True)):
+        for _, label_list, score_list in zip(*per_problem, strict=True):
+            for k, (good, score) in enumerate(zip(label_list, score_list, strict=True)):
                 (pooled_good if good else pooled_bad).append(score)
                 if k == 0 or label_list[k - 1]:
                     groups[(p, k)][0 if good else 1].append(score)
@@ -185,10 +185,10 @@ def measure(models: ToyModels, problems: list[ToyProblem], seed: int) -> dict[st
     started = time.perf_counter()
     texts = sample_solutions(models, problems, SAMPLES, seed)
     steps = [[split_steps(t) for t in candidates] for candidates in texts]
-    queries = [(p.question, s or [""]) for p, cands in zip(problems, steps) for s in cands]
+    queries = [(p.question, s or [""]) for p, cands in zip(problems, steps, strict=True) for s in cands]
     flat_scores = score_batch(models.prm, models.prm_tokenizer, queries)
     scores = [flat_scores[i * SAMPLES : (i + 1) * SAMPLES] for i in range(len(problems))]
-    labels = [[label_steps(p, s or [""]) for s in cands] for p, cands in zip(problems, steps)]
+    labels = [[label_steps(p, s or [""]) for s in cands] for p, cands in zip(problems, steps, strict=True)]
     stats = {"problems": float(len(problems)), "samples_per_problem": float(SAMPLES)}
     stats |= best_of_n_metrics(problems, texts, scores)
     stats |= step_metrics(problems, steps, labels, scores)

@@ -21,7 +21,6 @@ from specscale_lab.train.drills import IGNORE, drill_examples
 from specscale_lab.train.loop import TrainPlan, batched, bucketed, pad, train
 
 
-
 @dataclass(frozen=True)
 class ModelShape:
     """Size of a toy Qwen2 body."""

@@ -83,7 +83,7 @@ def train(
     losses: list[float] = []
     started = time.perf_counter()
     for step in range(plan.steps):
-        for group, base in zip(optimizer.param_groups, base_lrs):
+        for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
             group["lr"] = base * lr_factor(step, plan)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = loss_fn(model, next(batches))

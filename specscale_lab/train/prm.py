@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn import functional as F
 
+from specscale.verify.hf_prm import Qwen2ForProcessRewardModel, prm_messages
 from specscale_lab.tasks.hf_sampling import SamplingSettings, sample_continuations
 from specscale_lab.tasks.toy import PRM_STEP_TAG, STEP_SEPARATOR, ToyProblem, first_error, label_steps, split_steps
 from specscale_lab.tasks.toy_corrupt import corrupt_steps
@@ -38,7 +39,6 @@ from specscale_lab.tasks.toy_solutions import NO_SLIPS, SlipRates, render_soluti
 from specscale_lab.train.drills import verification_drill
 from specscale_lab.train.generator import IGNORE, prompt_ids, train_problems
 from specscale_lab.train.loop import TrainPlan, batched, bucketed, pad, train
-from specscale.verify.hf_prm import Qwen2ForProcessRewardModel, prm_messages
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def sample_generator_solutions(
     )
     return [
         (problem, split_steps(gen_tokenizer.decode(ids, skip_special_tokens=True)))
-        for problem, rows in zip(problems, outs)
+        for problem, rows in zip(problems, outs, strict=True)
         for ids in rows
     ]
 
