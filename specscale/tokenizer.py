@@ -85,8 +85,9 @@ class Tokenizer:
 
     def _eos_ids(self, path: Path) -> set[int]:
         ids = set()
-        if self.eos_token and self.token_to_id(self.eos_token) is not None:
-            ids.add(self.token_to_id(self.eos_token))
+        eos = self.token_to_id(self.eos_token) if self.eos_token else None
+        if eos is not None:
+            ids.add(eos)
         generation = _read_json(path / "generation_config.json").get("eos_token_id")
         model = _read_json(path / "config.json").get("eos_token_id")
         for value in (generation, model):

@@ -134,7 +134,7 @@ class Engine:
         seq_id: int,
         params: SamplingParams | None = None,
         *,
-        token_ids: list[int] = (),
+        token_ids: list[int] | tuple[int, ...] = (),
         priority: int | None = None,
         multiplicity: int | None = None,
         readout_positions: list[int] | None = None,
@@ -275,7 +275,7 @@ class Engine:
         for j, token in enumerate(tokens):
             groups.setdefault(token, []).append(j)
         (first, first_draws), *others = groups.items()
-        targets = [(seq, first, None)]
+        targets: list[tuple[Sequence, int, int | None]] = [(seq, first, None)]
         for token, draws in others:
             lanes = [seq.lanes[j] for j in draws] if seq.lanes else []
             child = self._fork_one(seq, [seq.lane_ids[j] for j in draws], lanes)

@@ -118,7 +118,9 @@ class TorchModelRunner(ModelRunner):
 
     def _prepare(self, batch: ScheduledBatch):
         bs = self.block_size
-        ids, pos, slots = [], [], []
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
         for row in batch.rows:
             seq, table = row.seq, row.seq.block_table
             ids += seq.token_ids[row.start : row.end]

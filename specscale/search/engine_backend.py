@@ -8,7 +8,8 @@ as `EndReason.LENGTH`); a row the engine splits off (CD) takes the next id its f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from specscale.engine.engine import Engine, SequenceOutput
 from specscale.engine.sequence import FinishReason, SequenceStatus
@@ -38,7 +39,7 @@ class EngineBackend:
         self._to_engine: dict[SequenceId, int] = {}
         self._from_engine: dict[int, SequenceId] = {}
         self._split_ids: dict[int, list[SequenceId]] = {}  # engine id -> its family's unused reserved ids
-        self._handlers = {StartSequence: self._start, BranchSequence: self._branch, AbortSequence: self._abort,
+        self._handlers: dict[type, Callable[[Any], None]] = {StartSequence: self._start, BranchSequence: self._branch, AbortSequence: self._abort,
                           PauseSequence: self._pause, PrioritizeSequence: self._prioritize}
 
     # ---- GeneratorBackend ------------------------------------------------------------------------

@@ -122,6 +122,7 @@ class AdaptiveBudget(LazyFlushPolicy):
 def flush_policy(config: SearchConfig, threshold_tokens: int) -> LazyFlushPolicy:
     """The policy a request's config names, at the verifier's threshold (the runtime's: a request cannot set
     it). Flushing the whole queue, every policy rides along unless the config switches it off."""
+    policy: LazyFlushPolicy
     if config.lv_policy == "adaptive":
         policy = AdaptiveBudget(threshold_tokens, config.lv_wait_budget_calls, config.lv_speculative_budget_tokens,
                                 config.lv_kv_budget)

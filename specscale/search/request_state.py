@@ -76,7 +76,8 @@ class RuntimeStats:
 
 def usage_of(state: RequestState) -> Usage:
     """A finished request's tokens: prompt, returned paths (each copy counted), generated, wasted."""
-    output = sum(p.num_tokens * p.copies for p in state.search.result.paths)
+    result = state.search.result
+    output = sum(p.num_tokens * p.copies for p in result.paths) if result is not None else 0
     return Usage(len(state.request.prompt_ids), output, state.generated_tokens, state.wasted_tokens)
 
 

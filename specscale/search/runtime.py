@@ -25,6 +25,7 @@ import itertools
 import time as _time
 from collections import deque
 from collections.abc import Callable
+from typing import cast
 
 from specscale.prompts import STEP_SEPARATOR
 from specscale.seam import (
@@ -309,12 +310,12 @@ class SearchRuntime:
         results = self.verifier.score([item.score_request for item in batch])
         now = self.clock()
         self.metrics.verification_s += now - start
-        requests = {item.request for item in batch}
+        requests = {_state(item) for item in batch}
         self.metrics.verifier_call(len(batch), sum(item.tokens for item in batch), len(requests))
         for state in requests:
             state.verification_s += now - start
         for item, result in zip(batch, results, strict=True):
-            state = item.request
+            state = _state(item)
             if state.request_id in self.active:
                 event = ScoresArrived(item.candidate, tuple(result.step_scores), result.error, now)
                 self._apply(state, state.search.on(event))
@@ -462,3 +463,8 @@ class SearchRuntime:
         self._just_finished.append(state)
         if notify and self._on_finished is not None:
             self._on_finished(state.request_id, state.result)
+
+
+def _state(item: QueuedStep) -> RequestState:
+    """The request state a queued step belongs to (typed `object` in the queue, which cannot import it)."""
+    return cast(RequestState, item.request)

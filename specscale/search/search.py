@@ -25,7 +25,9 @@ Every logical child has a canonical tree position (its key) and samples from tha
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from specscale.config import SearchConfig
 from specscale.search import policies
@@ -98,7 +100,7 @@ class Search:
         if self.done:
             handle = getattr(event, "handle", None)
             return [Release((handle,))] if handle is not None else []
-        handlers = {
+        handlers: dict[type, Callable[[Any], list]] = {
             StepFinished: self._on_step_finished, ScoresArrived: self._on_scores,
             GenerationLost: self._on_lost, Cancelled: self._on_cancelled,
         }
@@ -260,7 +262,7 @@ class Search:
             e.head_start_of = head_start.id if head_start is not None else None
         return [Expand(*self._expand_fields(e), e.head_start_of) for e in expansions]
 
-    def _expand_fields(self, e: Expansion) -> tuple:
+    def _expand_fields(self, e: Expansion) -> tuple[int, int | None, int, int, bool, tuple[int, ...] | None, bool]:
         parent_handle = e.parent.handle if e.parent is not None else None
         final = e.round == self.last_round
         return (e.id, parent_handle, e.multiplicity, e.priority, final, e.seeds, e.lookahead)

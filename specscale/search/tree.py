@@ -128,14 +128,16 @@ class Candidate:
 
     def steps(self) -> list[str]:
         """Step texts of the path, root first."""
-        texts, node = [], self
+        texts: list[str] = []
+        node: Candidate | None = self
         while node is not None:
             texts.append(node.text)
             node = node.parent
         return texts[::-1]
 
     def path_tokens(self) -> int:
-        total, node = 0, self
+        total = 0
+        node: Candidate | None = self
         while node is not None:
             total += node.num_tokens
             node = node.parent

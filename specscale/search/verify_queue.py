@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specscale.seam import ScoreRequest
 from specscale.search.lazy_flush import FlushSignals, LazyFlushPolicy
 
 
@@ -72,9 +73,9 @@ AT_ONCE, LAZY, ONE_REQUEST = AtOnce(), Lazy(), OneRequest()
 
 @dataclass(eq=False)
 class QueuedStep:
-    request: object  # the runtime's request state
+    request: object  # the runtime's `RequestState` (request_state.py imports this module)
     candidate: int
-    score_request: object  # verify.prm.ScoreRequest
+    score_request: ScoreRequest
     completes_group: bool
     batching: Batching
     tokens: int  # PRM input tokens scoring it would compute now

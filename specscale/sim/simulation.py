@@ -61,6 +61,9 @@ class SimulationConfig:
 
 
 class Simulation(Stack):
+    clock: VirtualClock  # the stack's clock is the simulation's virtual one (advanced by both runners)
+    verifier: Verifier  # the simulated PRM runs in this process
+
     def __init__(self, config: SimulationConfig = SimulationConfig(), cost_model: CostModel | None = None):
         self.config = config
         self.clock = VirtualClock()

@@ -106,8 +106,10 @@ class SyntheticTokenizer:
         ids: list[int] = []
         for piece in PIECES.findall(text):
             token = self._ids.get(piece)
-            readable = token is not None and token not in self.special_ids
-            ids += [token] if readable else [self._byte_base + b for b in piece.encode()]
+            if token is not None and token not in self.special_ids:
+                ids.append(token)
+            else:
+                ids += [self._byte_base + b for b in piece.encode()]
         return ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:

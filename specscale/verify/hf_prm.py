@@ -38,7 +38,7 @@ class Qwen2ForProcessRewardModel(Qwen2PreTrainedModel):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
+    def set_input_embeddings(self, value: nn.Module) -> None:
         self.model.embed_tokens = value
 
     def forward(

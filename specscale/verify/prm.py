@@ -300,7 +300,9 @@ class Verifier:
         batch has waits for the second pass, where the engine's prefix cache holds that question's blocks."""
         if not self.engine.block_manager.enable_prefix_caching:
             return paths, []
-        first, later, questions = [], [], set()
+        first: list[_Path] = []
+        later: list[_Path] = []
+        questions: set[str] = set()
         for path in paths:
             fresh = self.cache.longest_prefix(path.target, path.keys, touch=False)[1] is None
             (later if fresh and path.question in questions else first).append(path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 from statistics import NormalDist
+from typing import Any
 
 from specscale.search.presets import preset_config
 from specscale_lab.bench.common import (
@@ -141,7 +142,7 @@ def same_paths(a: dict[int, list], b: dict[int, list]) -> float:
 def summarize(runs: list[dict], cells) -> dict:
     results: dict = {}
     for variant, n in cells:
-        cell = {key + "_accuracy": accuracy(outcomes(runs, variant, n, key))
+        cell: dict[str, Any] = {key + "_accuracy": accuracy(outcomes(runs, variant, n, key))
                 for key in ("best", "weighted_vote", "majority_vote")}
         beam = outcomes(runs, "beam", n)
         if variant not in ("beam", SINGLE) and beam:

@@ -19,8 +19,7 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
-
-from specscale_lab.bench.stack import BenchStack
+from typing import Any
 
 # A simulation allocates millions of short-lived objects (rows, outputs, updates): with the default
 # thresholds (700, 10, 10) the cyclic collector ran ~700 times in two N = 8 cells and took ~12% of their
@@ -30,7 +29,7 @@ SIMULATION_GC_THRESHOLDS = (20_000, 20, 20)
 MAX_DEFAULT_WORKERS = 2  # the default: min(this, cells, CPUs); more only when asked for
 PROGRESS_POLL_S = 0.2  # how often the parent reads the workers' progress
 
-CellRunner = Callable[[BenchStack, object, object, object], dict]
+CellRunner = Callable[..., dict]  # run_cell(stack: BenchStack, args, cell, progress) -> the cell's record
 
 
 def add_workers_argument(parser) -> None:
@@ -116,8 +115,8 @@ class CellPool:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.workers = workers
 
-    def run(self, run_cell: CellRunner, args, cells: list, bar, label: Callable[[object], str] = str,
-            weight: Callable[[object], float] | None = None) -> list[dict]:
+    def run(self, run_cell: CellRunner, args, cells: list, bar, label: Callable[[Any], str] = str,
+            weight: Callable[[Any], float] | None = None) -> list[dict]:
         """bar: a tqdm bar advanced by finished requests; its postfix names the cell running (one process)
         or counts the cells done (K workers). weight: a cell's expected cost; K workers take the heaviest
         cells first, so no long cell starts last while the other workers idle."""

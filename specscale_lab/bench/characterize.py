@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -175,7 +176,7 @@ def characterization(batch, problems, engine: TimedGenerator, verifier: TimedVer
     }
 
 
-def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+def linear_fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """(intercept, slope) of seconds against size: least squares over the median time of each size,
     weighted by how often the size occurs (so a few slow prefill iterations do not tilt the line);
     (median, 0) if the size never varies."""
@@ -236,7 +237,8 @@ def shared_tokens(token_lists: list[list[int]]) -> tuple[int, int]:
 def common_prefix(searches: list, tokenizer) -> dict:
     """Share of generated tokens a sibling group has in common (re-tokenized from the step texts)."""
     saved = total = 0
-    per_group, by_round = [], defaultdict(lambda: [0, 0])
+    per_group: list[float] = []
+    by_round: defaultdict[int, list[int]] = defaultdict(lambda: [0, 0])
     for search in searches:
         for group in sibling_groups(search):
             group_saved, group_total = shared_tokens([tokenizer.encode(c.text) for c in group])

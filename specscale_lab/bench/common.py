@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from tqdm import tqdm
@@ -45,12 +46,14 @@ from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.hardware import bundled_hardware
 from specscale.sim.model_profile import bundled_models
 from specscale.sim.simulation import Simulation, SimulationConfig
+from specscale.verify.prm import Verifier
 from specscale_lab.bench.stack import PROBLEM_SET_SEED, BenchStack, RealStack, SimulatedStack
 from specscale_lab.calibration.workload_choice import DATASET_CHOICES, choose_workload, default_dataset
 from specscale_lab.tasks.toy import ToyProblem, is_correct, toy_problems
 
 LADDER = ("beam", "beam+cd", "beam+cd+lv", "specscale-nospec", "naive-spec", "fasttts", "fasttts-xb", "ep-strict",
           "ep", "ep+cd", "specscale")
+Cell = TypeVar("Cell")  # what `interleaved` runs: a (variant, beam size, ...) tuple of the sub-command's
 SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE + i
 DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight
 QUIET_CPU = 0.15  # share of all CPUs busy with other processes above which timings are flagged untrustworthy
@@ -189,7 +192,8 @@ def open_simulation(args) -> Simulation:
 def fresh_runtime(stack: BenchStack | Pipeline | Simulation, max_concurrency: int, **options) -> SearchRuntime:
     """A runtime with empty metrics over the stack's backends; options: `runtime`'s (instrumented
     stand-ins for the backends, callbacks)."""
-    stack.verifier.clear()  # no run may reuse PRM prefixes another variant computed
+    if isinstance(stack.verifier, Verifier):  # no run may reuse PRM prefixes another variant computed
+        stack.verifier.clear()
     return stack.runtime(max_concurrency, **options)
 
 
@@ -310,7 +314,7 @@ def prm_numbers(runtime: SearchRuntime) -> dict:
 
 
 # ---- repeats --------------------------------------------------------------------------------------
-def interleaved(cells: list, repeats: int) -> Iterator[tuple[int, object]]:
+def interleaved(cells: list[Cell], repeats: int) -> Iterator[tuple[int, Cell]]:
     """(repeat, cell) in run order: every cell once per repeat, the order rotated by one cell per
     repeat, so no variant always runs first or right after the same neighbour."""
     for repeat in range(repeats):
@@ -319,7 +323,7 @@ def interleaved(cells: list, repeats: int) -> Iterator[tuple[int, object]]:
             yield repeat, cell
 
 
-def median_summary(runs: list[dict[str, float]]) -> dict[str, float]:
+def median_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per metric, the median over repeats (metrics every run has); flush reasons, counted per repeat, too."""
     keys = [k for k in runs[0] if all(isinstance(r.get(k), (int, float)) for r in runs)]
     summary = {k: statistics.median(r[k] for r in runs) for k in keys}

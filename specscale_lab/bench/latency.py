@@ -22,6 +22,7 @@ from collections import deque
 
 import numpy as np
 
+from specscale.search.runtime import SearchRuntime
 from specscale_lab.bench.common import (
     add_common_arguments,
     finish_info,
@@ -118,7 +119,7 @@ def measure(stack, args, problems, cells, rates) -> list[dict]:
     return runs
 
 
-def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float], bar) -> tuple[list[dict], object]:
+def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float], bar) -> tuple[list[dict], SearchRuntime]:
     """Submit each request at its arrival time, tick the runtime in between; per-request latencies and the
     runtime. Time is the stack's clock: with nothing to do, a real stack sleeps and a simulated one
     advances its clock."""

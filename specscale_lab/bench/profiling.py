@@ -29,7 +29,7 @@ def profile_run(stack, args, problems) -> dict:
         profiler.enable()
         run_batch(runtime, requests, bar)
         profiler.disable()
-    stats = pstats.Stats(profiler).stats
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # the per-function table pstats documents but does not type
     total = sum(entry[2] for entry in stats.values())
     by_area: dict[str, float] = defaultdict(float)
     for (filename, _, function), entry in stats.items():

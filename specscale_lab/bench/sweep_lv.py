@@ -10,6 +10,8 @@ the queue. Too high a threshold delays pruning; this shows by how much.
 
 from __future__ import annotations
 
+from typing import Any
+
 from specscale.config import SearchConfig
 from specscale_lab.bench.common import (
     add_common_arguments,
@@ -64,7 +66,7 @@ def sweep_points(thresholds: list[int], caps: list[int], default_threshold: int)
     """label -> (preset, overrides): the reference, the threshold sweep, the deferral-cap sweep."""
     default_cap = SearchConfig.lv_max_deferrals
     settings = [(t, default_cap) for t in thresholds] + [(default_threshold, d) for d in caps]
-    points = {REFERENCE: {"preset": REFERENCE, "overrides": {}}}
+    points: dict[str, dict[str, Any]] = {REFERENCE: {"preset": REFERENCE, "overrides": {}}}
     for threshold, cap in dict.fromkeys(settings):
         points[f"specscale lv={threshold} defer={cap}"] = {
             "preset": "specscale", "threshold": threshold, "deferral_cap": cap,

@@ -27,6 +27,7 @@ import json
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -256,11 +257,11 @@ def mann_whitney_auc(high: list[float], low: list[float]) -> float:
     return (rank_sum - n_high * (n_high + 1) / 2) / (n_high * n_low)
 
 
-def lognormal_median(values: list[float]) -> float:
+def lognormal_median(values: Sequence[float]) -> float:
     positive = [v for v in values if v > 0]
     return math.exp(statistics.fmean(math.log(v) for v in positive)) if positive else 1.0
 
 
-def lognormal_sigma(values: list[float]) -> float:
+def lognormal_sigma(values: Sequence[float]) -> float:
     logs = [math.log(v) for v in values if v > 0]
     return max(statistics.pstdev(logs), 0.01) if len(logs) > 1 else 0.01

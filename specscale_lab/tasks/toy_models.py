@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from specscale.verify.hf_prm import Qwen2ForProcessRewardModel
 from specscale_lab.tasks.toy import STEP_SEPARATOR, TOY_GENERATOR_DIR, TOY_PRM_DIR, generator_messages
@@ -23,9 +23,9 @@ class ToyModels:
     """The generator and PRM with their tokenizers."""
 
     generator: AutoModelForCausalLM
-    gen_tokenizer: AutoTokenizer
+    gen_tokenizer: PreTrainedTokenizerBase
     prm: Qwen2ForProcessRewardModel
-    prm_tokenizer: AutoTokenizer
+    prm_tokenizer: PreTrainedTokenizerBase
 
     def prompt(self, question: str) -> list[int]:
         """Token ids of the generation prompt of ``question``."""
@@ -36,7 +36,7 @@ class ToyModels:
 
     def text(self, ids: list[int]) -> str:
         """Generated ids as text, special tokens dropped."""
-        return self.gen_tokenizer.decode(ids, skip_special_tokens=True)
+        return str(self.gen_tokenizer.decode(ids, skip_special_tokens=True))  # one sequence: one string
 
     def stop_ids(self) -> list[int]:
         """The step end (``"\\n\\n"``, one token) and the end of the answer (``<|im_end|>``)."""

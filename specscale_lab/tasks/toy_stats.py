@@ -95,7 +95,8 @@ def _vote(answers: list[str | None], weights: list[float]) -> str | None:
 def step_metrics(problems, steps, labels, scores) -> dict[str, float]:
     """Within-problem and pooled step AUC, and the fraction of scores exactly 1.0."""
     groups: dict[tuple[int, int], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    pooled_good, pooled_bad = [], []
+    pooled_good: list[float] = []
+    pooled_bad: list[float] = []
     for p, per_problem in enumerate(zip(steps, labels, scores, strict=True)):
         for _, label_list, score_list in zip(*per_problem, strict=True):
             for k, (good, score) in enumerate(zip(label_list, score_list, strict=True)):

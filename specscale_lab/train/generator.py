@@ -56,7 +56,7 @@ def qwen2_config(shape: ModelShape, tokenizer, tie_embeddings: bool) -> Qwen2Con
         num_key_value_heads=shape.kv_heads,
         max_position_embeddings=shape.context,
         max_window_layers=shape.layers,
-        rope_theta=10000.0,
+        rope_theta=10000.0,  # type: ignore[call-arg]  # transformers 5 reads it from **kwargs into rope_parameters
         rms_norm_eps=1e-6,
         tie_word_embeddings=tie_embeddings,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),

@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -71,7 +72,7 @@ def train(
     model: torch.nn.Module,
     batches: Iterator,
     plan: TrainPlan,
-    loss_fn: Callable[[torch.nn.Module, object], torch.Tensor],
+    loss_fn: Callable[[Any, Any], torch.Tensor],  # (model, batch) -> loss
     log: Callable[[str], None] = print,
     param_groups: list[dict] | None = None,
 ) -> list[float]:
