@@ -1,5 +1,6 @@
-"""Named variants: each is a composition of policy switches on SearchConfig, so an ablation is a
-configuration, not a fork of the code. A variant may also be written `preset[field=value,...]`: the preset
+"""Named variants: each is a composition of the policies SearchConfig names (selection, verification,
+speculation, pruning, ...) and their switches, so an ablation is a configuration, not a fork of the code; a new
+variant is a policy class (registered under its name) and one line here. A variant may also be written `preset[field=value,...]`: the preset
 with those SearchConfig fields changed (`specscale[lv_sibling_trigger=false]`), so an ablation the presets do
 not name needs no code either."""
 
