@@ -182,11 +182,18 @@ def test_arrival_times_have_the_requested_rate():
 
 
 def test_sustainable_rate_stops_at_the_first_rate_over_budget():
-    points = [{"rate": 1, "mean_normalized_ms_per_token": 1.0}, {"rate": 2, "mean_normalized_ms_per_token": 3.0},
-              {"rate": 3, "mean_normalized_ms_per_token": 1.5}]
+    points = [{"rate": r, "mean_normalized_ms_per_token": ms, "mean_queued_s": 0.0, "p50_s": 10.0}
+              for r, ms in ((1, 1.0), (2, 3.0), (3, 1.5))]
     assert sustainable_rate(points, budget=2.0) == 1
     assert sustainable_rate(points, budget=0.5) is None
     assert sustainable_rate(points, budget=5.0) == 3
+
+
+def test_a_rate_whose_arrivals_queue_for_admission_is_not_sustained_even_under_budget():
+    points = [{"rate": r, "mean_normalized_ms_per_token": 1.0, "mean_queued_s": q, "p50_s": 10.0}
+              for r, q in ((1, 0.0), (2, 0.5), (3, 4.0), (4, 9.0))]  # saturated from rate 3: the queue grows
+    assert sustainable_rate(points, budget=5.0) == 2
+    assert sustainable_rate(points, budget=5.0, max_queued_share=0.5) == 3
 
 
 def test_shared_tokens_counts_a_token_trie():
