@@ -46,6 +46,26 @@ def run_profile_prm(args) -> int:
     return run(args)
 
 
+def add_profile_decode(sub) -> None:
+    p = sub.add_parser("profile-decode", help="generator seconds per decode iteration vs rows; records the "
+                       "speculative row budget for this model, device and machine")
+    p.add_argument("--model", default=None, help="local generator folder (default: the bundled toy generator)")
+    p.add_argument("--out", default=None, help="JSON file (default: ~/.cache/specscale/decode-profiles/, "
+                   "keyed by model, device and machine, where the engine looks)")
+    p.add_argument("--rows", default=None, help="comma-separated row counts (default: 1,2,4,...,128)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(func=run_profile_decode)
+
+
+def run_profile_decode(args) -> int:
+    from specscale.engine.decode_profile import run_profile_decode as run
+
+    return run(args)
+
+
 def plugin_command_adders() -> list:
     """The callables that add plugin commands: the installed entry points, else the lab module by name."""
     found = sorted(entry_points(group=COMMAND_GROUP), key=lambda point: point.name)
@@ -60,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specscale", description="PRM-guided test-time scaling server")
     sub = parser.add_subparsers(dest="command", required=True)
     add_profile_prm(sub)
+    add_profile_decode(sub)
     add_serve(sub)
     for add_commands in plugin_command_adders():
         add_commands(sub)

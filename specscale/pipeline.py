@@ -16,6 +16,7 @@ import torch
 from specscale.chat_text import render_chat_text
 from specscale.config import EngineConfig, SearchConfig
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
+from specscale.engine.decode_profile import load_row_budget
 from specscale.engine.engine import Engine
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
 from specscale.search.backend import VerifierBackend
@@ -65,7 +66,7 @@ def device_properties(config: PipelineConfig) -> DeviceProperties:
     name = torch.cuda.get_device_name(config.device) if config.device.startswith("cuda") else None
     generator = ModelProfile.load(config.generator, None if config.generator_dtype == "auto" else config.generator_dtype)
     spare_rows = resolve_row_budget(config.spare_rows, device_cost_model(config.device, name), generator,
-                                    config.max_num_seqs)
+                                    config.max_num_seqs, load_row_budget(config.generator, config.device))
     lv_threshold = resolve_lv_threshold(config.lv_threshold_tokens, load_lv_threshold(config.prm, config.device))
     return DeviceProperties(lv_threshold, spare_rows)
 

@@ -19,7 +19,7 @@ from specscale_lab.bench.stack import BenchStack, RealStack, SimulatedStack
 def _resolvers_recording(monkeypatch, calls: list, rows: int, threshold: int) -> None:
     """Both stacks' resolvers replaced by ones that record their arguments and answer rows / threshold."""
 
-    def resolve_rows(override, cost_model, generator, max_rows):
+    def resolve_rows(override, cost_model, generator, max_rows, measured=None):
         calls.append(("rows", override))
         return rows
 

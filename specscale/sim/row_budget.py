@@ -56,12 +56,16 @@ def hardware_profile_for(device: str, device_name: str | None = None) -> Hardwar
 
 
 def resolve_row_budget(override: int | None, cost_model: CostModel | None, generator: ModelProfile,
-                       max_rows: int) -> int | None:
+                       max_rows: int, measured: int | None = None) -> int | None:
     """The speculative row budget a stack hands its generator engine: the override (`--spare-rows`), else
-    the budget of `generator` on the cost model's device; None (unbounded) on a device without a cost model.
-    The one resolver of this property, for real checkpoints and simulated models alike (stack.py)."""
+    the budget measured for this generator on this machine (`specscale profile-decode`,
+    engine/decode_profile.py), else the budget of `generator` on the cost model's device; None (unbounded) on
+    a device with neither. The one resolver of this property, for real checkpoints and simulated models alike
+    (stack.py)."""
     if override is not None:
         return override
+    if measured is not None:
+        return min(measured, max_rows)
     if cost_model is None:
         logger.warning("no cost profile for this device: speculative rows may fill the batch")
         return None
