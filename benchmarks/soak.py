@@ -15,8 +15,8 @@ cancelled by its client, refused with a 4xx and its reason) equals the server's 
 exactly. Writes soak.json (series, drains, verdict), soak.md, soak.png and raw.json (every request's record);
 exits 1 if a criterion fails.
 
-Pass criteria (docs/BENCHMARKS.md, "Soak"): after `--warmup-minutes` RSS grows < 2%/hour (least-squares
-slope over the samples; `--no-rss-criterion` for runs too short for a slope to mean anything), generator
+Pass criteria (docs/BENCHMARKS.md, "Soak"): after `--warmup-minutes` RSS grows < 2%/hour (the Theil-Sen
+slope over the samples, reported with its 95% interval; `--no-rss-criterion` for runs too short for a slope to mean anything), generator
 KV at its idle baseline at every drain, descriptors and threads flat (at the drains after the warm-up no
 more than `--flat-tolerance` above the first one), no 5xx on either side, every request accounted for.
 """
@@ -375,14 +375,21 @@ async def run_load(load: Load, client, http, pid: int, args, rate: float, baseli
 
 
 # ---- the verdict -------------------------------------------------------------------------------------------------
-def rss_growth_pct_per_hour(samples: list[dict], warmup_s: float) -> float | None:
+def rss_growth_pct_per_hour(samples: list[dict], warmup_s: float) -> dict | None:
+    """RSS growth after the warm-up in % of its median per hour: the Theil-Sen slope (the median of the slopes
+    between every pair of samples, which a few allocator steps that come and go cannot drag the way they drag
+    a least-squares line) with its 95% interval (Sen's, scipy.stats.theilslopes); None under 3 samples."""
+    from scipy.stats import theilslopes
+
     after = [s for s in samples if s["t_s"] >= warmup_s]
     if len(after) < 3:
         return None
     t = np.array([s["t_s"] for s in after])
     rss = np.array([s["rss_mib"] for s in after])
-    slope = np.polyfit(t, rss, 1)[0]  # MiB per second
-    return float(slope * 3600 / rss.mean() * 100)
+    slope, _, low, high = theilslopes(rss, t, alpha=0.95)  # MiB per second
+    scale = 3600 / float(np.median(rss)) * 100
+    return {"slope": float(slope * scale), "low": float(low * scale), "high": float(high * scale),
+            "mib_per_hour": float(slope * 3600), "samples": len(after)}
 
 
 def verdict(samples, drains, load: Load, idle: dict, args, warmup_s: float) -> dict:
@@ -391,7 +398,7 @@ def verdict(samples, drains, load: Load, idle: dict, args, warmup_s: float) -> d
     growth = rss_growth_pct_per_hour(samples, warmup_s)
     statuses = Counter(r.status for r in records)
     checks = {
-        "rss_growth_below_2pct_per_hour": None if args.no_rss_criterion or growth is None else growth < 2.0,
+        "rss_growth_below_2pct_per_hour": None if args.no_rss_criterion or growth is None else growth["slope"] < 2.0,
         "generator_kv_at_idle_baseline_at_every_drain": all(d["kv_blocks_used"] == idle["kv_blocks_used"]
                                                             and d["live_sequences"] == 0 for d in drains),
         "fds_flat": max(d["fds"] for d in after) <= after[0]["fds"] + args.flat_tolerance,
@@ -422,7 +429,9 @@ def summary_rows(report: dict) -> list[tuple[str, str]]:
         ("requests sent", f"{report['sent']:,} ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})"),
         ("outcomes (client = server)", ", ".join(f"{k} {n}" for k, n in sorted(report["outcomes"].items()))),
         ("RSS after warm-up", f"{min(s['rss_mib'] for s in after):,.0f}-{max(s['rss_mib'] for s in after):,.0f} MiB, "
-                              f"slope {growth:+.2f}%/h" if growth is not None else "too few samples"),
+                              f"Theil-Sen slope {growth['slope']:+.2f}%/h (95% interval {growth['low']:+.2f} to "
+                              f"{growth['high']:+.2f}%/h; {growth['mib_per_hour']:+.1f} MiB/h)"
+         if growth is not None else "too few samples"),
         ("generator KV blocks at the drains", ", ".join(str(d["kv_blocks_used"]) for d in drains)),
         ("PRM KV blocks at the drains (cached step prefixes)", ", ".join(str(d["prm_kv_blocks_used"]) for d in drains)),
         ("open descriptors at the drains", ", ".join(str(d["fds"]) for d in drains)),
@@ -466,7 +475,7 @@ def plot(report: dict, path: Path) -> None:
     axes[-1].set_xlabel("minutes (dotted: drains; dashed: end of warm-up)")
     fig.suptitle(f"specscale serve soak: {report['rate_rps']:.2f} req/s Poisson, {report['sent']:,} requests")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=72)
 
 
 def machine() -> str:
