@@ -25,8 +25,8 @@ from starlette.concurrency import run_in_threadpool
 from specscale.search.presets import PRESETS
 from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RequestHandle, RoundProgress
 from specscale.server.errors import CLIENT_CLOSED, APIError, install_error_handlers
-from specscale.server.metrics import RequestOutcome, ServerMetrics
 from specscale.server.memory_trim import MemoryTrimmer
+from specscale.server.metrics import RequestOutcome, ServerMetrics
 from specscale.server.middleware import ApiKeyGuard, ErrorGuard, StatusCounter
 from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
 from specscale.server.request_body import read_json, validate
