@@ -15,6 +15,10 @@ cancelled by its client, refused with a 4xx and its reason) equals the server's 
 exactly. Writes soak.json (series, drains, verdict), soak.md, soak.png and raw.json (every request's record);
 exits 1 if a criterion fails.
 
+`--memory-probe` runs no server: it measures what made RSS creep in earlier soaks (oneDNN keeps a JIT
+primitive per distinct row count of a linear's input) in two fresh processes, random row counts through one
+oneDNN linear unpadded and then padded (model/row_padding.py), and writes memory_probe.json.
+
 Pass criteria (docs/BENCHMARKS.md, "Soak"): after `--warmup-minutes` RSS grows < 2%/hour (the Theil-Sen
 slope over the samples, reported with its 95% interval; `--no-rss-criterion` for runs too short for a slope to mean anything), generator
 KV at its idle baseline at every drain, descriptors and threads flat (at the drains after the warm-up no
@@ -117,6 +121,11 @@ def parse_args(argv=None):
     p.add_argument("--generator", default=None)
     p.add_argument("--prm", default=None)
     p.add_argument("--serve-arg", action="append", default=[], help="one more `specscale serve` argument (repeat)")
+    p.add_argument("--memory-probe", action="store_true", help="no server: run random row counts through one "
+                   "oneDNN linear, unpadded then padded (model/row_padding.py), each in a fresh process, and "
+                   "report the RSS each ends at (memory_probe.json)")
+    p.add_argument("--memory-probe-steps", type=int, default=3000)
+    p.add_argument("--memory-probe-run", choices=["unpadded", "padded"], help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -486,6 +495,53 @@ def machine() -> str:
     return f"{model[1] if model else 'CPU'}, {os.cpu_count()} cores, {'/'.join(isa)}"
 
 
+# ---- the memory probe: oneDNN's primitive cache, with and without row padding -----------------------------------
+PROBE_SHAPE = (1536, 256)  # (out, in): the toy generator's gate/up projection, a linear that runs on oneDNN
+
+
+def memory_probe(args, out: Path) -> int:
+    """RSS of a fresh process after `--memory-probe-steps` linears of random row counts (1..2048), unpadded and
+    padded: oneDNN JIT-compiles and keeps a primitive per distinct row count, row padding bounds the counts."""
+    runs = {}
+    for mode in ("unpadded", "padded"):
+        command = [sys.executable, __file__, "--memory-probe-run", mode, "--memory-probe-steps",
+                   str(args.memory_probe_steps), "--seed", str(args.seed)]
+        if args.threads:
+            command += ["--threads", str(args.threads)]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=True)
+        runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(mode, json.dumps(runs[mode]), flush=True)
+    report = {"command": "python benchmarks/soak.py " + " ".join(sys.argv[1:]),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "runs": runs}
+    (out / "memory_probe.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def memory_probe_run(args) -> None:
+    import torch
+
+    from specscale.model.row_padding import padded_rows
+    from specscale.model.transformer import Linear
+
+    torch.set_num_threads(args.threads or 2)
+    linear = Linear(PROBE_SHAPE[1], PROBE_SHAPE[0], bias=False).to(torch.bfloat16)
+    if "onednn" not in linear.paths():
+        print(json.dumps({"skipped": "oneDNN does not run bf16 linears on this CPU"}))
+        return
+    linear.prepack("onednn")
+    linear.pad_rows = args.memory_probe_run == "padded"
+    rng = random.Random(args.seed)
+    series, rows_seen = [], set()
+    for step in range(args.memory_probe_steps + 1):
+        if step % max(args.memory_probe_steps // 10, 1) == 0:
+            series.append((step, process_sample(os.getpid())["rss_mib"]))
+        rows = rng.randint(1, 2048)
+        rows_seen.add(padded_rows(rows) if linear.pad_rows else rows)
+        linear(torch.randn(rows, PROBE_SHAPE[1], dtype=torch.bfloat16))
+    print(json.dumps({"rss_mib_start": series[0][1], "rss_mib_end": series[-1][1], "distinct_row_counts_run":
+                      len(rows_seen), "rss_mib_by_step": series}))
+
+
 # ---- main ----------------------------------------------------------------------------------------------------------
 async def soak(args, url: str, pid: int) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=900, limits=httpx.Limits(max_connections=512)) as http:
@@ -516,9 +572,14 @@ async def soak(args, url: str, pid: int) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.memory_probe_run:
+        memory_probe_run(args)
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped soak still stops its server
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.memory_probe:
+        return memory_probe(args, out)
     process, url = start_server(args, out / "server.log")
     try:
         report = asyncio.run(soak(args, url, process.pid))
