@@ -91,3 +91,27 @@ def test_a_padded_linear_runs_only_bucket_sizes(monkeypatch):
         linear(torch.randn(rows, 32))
     assert set(seen) <= {padded_rows(rows) for rows in range(1, 300)} and len(set(seen)) < 50
     assert all(padded_rows(size) == size for size in seen)
+
+
+def test_warm_runs_each_distinct_padded_linear_once_at_every_bucket_size(monkeypatch):
+    """At load, `warm` runs every size a padded linear can meet, so its primitives exist before serving (one
+    per shape: linears of the same shape share oneDNN's); unpadded linears and runners without a model are
+    left alone."""
+    from types import SimpleNamespace
+
+    from specscale.model.row_padding import bucket_sizes, warm, warm_engines
+
+    model = torch.nn.Sequential(*(_linear(64, 32, torch.float32, "onednn") for _ in range(3)),
+                                _linear(32, 64, torch.float32, "onednn"), Linear(32, 32))
+    runs: list[tuple[int, int]] = []
+    for module in model:
+        original = module.forward
+        module.forward = lambda x, original=original, module=module: runs.append((id(module), x.shape[0])) \
+            or original(x)
+    assert bucket_sizes(40) == [*range(1, 16), 16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40]
+    assert warm(model, 40) == 2 * len(bucket_sizes(40)) == len(runs)
+    assert {module for module, _ in runs} == {id(model[0]), id(model[3])}  # one of the three alike, no torch fp32
+    assert sorted(rows for module, rows in runs if module == id(model[0])) == bucket_sizes(40)
+    engines = [SimpleNamespace(runner=SimpleNamespace(model=model), config=SimpleNamespace(max_num_batched_tokens=8)),
+               SimpleNamespace(runner=SimpleNamespace(), config=SimpleNamespace(max_num_batched_tokens=8))]
+    assert warm_engines(engines) == 2 * 8

@@ -15,12 +15,22 @@ per-shape state) and not fp32 F.linear (MKL's sgemm, no per-shape state). A padd
 output row depends on its own input row only, so the rows kept equal the unpadded result up to the
 rounding a different kernel blocking may bring (oneDNN may block a 256-row matmul differently from a 250-row
 one; the unpadded result already depended on the batch's row count in the same way).
+
+Padding bounds the primitives, it does not make them appear at once: a server meets a rare bucket size (a
+large prefill chunk) for the first time hours in, and the ~0.6 MiB its primitive takes shows as a slow creep
+(~400 MiB/h at the start of a soak on the toy models). `warm` runs each distinct padded linear of a model
+once at every bucket size its engine can run, at load (`specscale serve` and each Ray replica:
+server/search_stack.py, scaleout/verifier_replica.py): the toy models' 6 shapes x 72 sizes take ~3 s and
+~270 MiB, which the server then holds from its start instead of growing into.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 STEPS_PER_OCTAVE = 8  # sizes per power of two: 16, 18, 20, ..., 30, 32, 36, ...: at most 12.5% padding
 
@@ -56,3 +66,36 @@ def pad_rows(x: torch.Tensor) -> torch.Tensor:
     rows = x.shape[0]
     target = padded_rows(rows)
     return x if target == rows else F.pad(x, (0, 0, 0, target - rows))
+
+
+def bucket_sizes(max_rows: int) -> list[int]:
+    """Every bucket size a linear of at most `max_rows` rows runs at."""
+    return sorted({padded_rows(rows) for rows in range(1, max_rows + 1)})
+
+
+def warm(model: nn.Module, max_rows: int) -> int:
+    """Run each distinct padded linear of `model` (by shape, bias, path: oneDNN keys its primitives by shape,
+    not by weight) at every bucket size up to `max_rows` on zeros; the number of runs."""
+    distinct: dict[tuple, nn.Linear] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and getattr(module, "pad_rows", False):
+            key = (module.in_features, module.out_features, module.bias is not None, getattr(module, "path", ""))
+            distinct.setdefault(key, module)
+    dtype: torch.dtype = getattr(model, "dtype", None) or next(model.parameters()).dtype
+    sizes = bucket_sizes(max_rows)
+    with torch.inference_mode():
+        for module in distinct.values():
+            for size in sizes:
+                module(torch.zeros(size, module.in_features, dtype=dtype))
+    return len(distinct) * len(sizes)
+
+
+def warm_engines(engines: Iterable) -> int:
+    """`warm` the model of every engine that runs a checkpoint (a simulated runner has none), up to the most
+    tokens one engine step runs (EngineConfig.max_num_batched_tokens)."""
+    runs = 0
+    for engine in engines:
+        model = getattr(engine.runner, "model", None)
+        if model is not None:
+            runs += warm(model, engine.config.max_num_batched_tokens)
+    return runs
