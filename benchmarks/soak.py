@@ -15,8 +15,12 @@ cancelled by its client, refused with a 4xx and its reason) equals the server's 
 exactly. Writes soak.json (series, drains, verdict), soak.md, soak.png and raw.json (every request's record);
 exits 1 if a criterion fails.
 
-Pass criteria (docs/BENCHMARKS.md, "Soak"): after `--warmup-minutes` RSS grows < 2%/hour (least-squares
-slope over the samples; `--no-rss-criterion` for runs too short for a slope to mean anything), generator
+`--memory-probe` runs no server: it measures what made RSS creep in earlier soaks (oneDNN keeps a JIT
+primitive per distinct row count of a linear's input) in two fresh processes, random row counts through one
+oneDNN linear unpadded and then padded (model/row_padding.py), and writes memory_probe.json.
+
+Pass criteria (docs/BENCHMARKS.md, "Soak"): after `--warmup-minutes` RSS grows < 2%/hour (the Theil-Sen
+slope over the samples, reported with its 95% interval; `--no-rss-criterion` for runs too short for a slope to mean anything), generator
 KV at its idle baseline at every drain, descriptors and threads flat (at the drains after the warm-up no
 more than `--flat-tolerance` above the first one), no 5xx on either side, every request accounted for.
 """
@@ -117,6 +121,11 @@ def parse_args(argv=None):
     p.add_argument("--generator", default=None)
     p.add_argument("--prm", default=None)
     p.add_argument("--serve-arg", action="append", default=[], help="one more `specscale serve` argument (repeat)")
+    p.add_argument("--memory-probe", action="store_true", help="no server: run random row counts through one "
+                   "oneDNN linear, unpadded then padded (model/row_padding.py), each in a fresh process, and "
+                   "report the RSS each ends at (memory_probe.json)")
+    p.add_argument("--memory-probe-steps", type=int, default=3000)
+    p.add_argument("--memory-probe-run", choices=["unpadded", "padded"], help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -375,14 +384,21 @@ async def run_load(load: Load, client, http, pid: int, args, rate: float, baseli
 
 
 # ---- the verdict -------------------------------------------------------------------------------------------------
-def rss_growth_pct_per_hour(samples: list[dict], warmup_s: float) -> float | None:
+def rss_growth_pct_per_hour(samples: list[dict], warmup_s: float) -> dict | None:
+    """RSS growth after the warm-up in % of its median per hour: the Theil-Sen slope (the median of the slopes
+    between every pair of samples, which a few allocator steps that come and go cannot drag the way they drag
+    a least-squares line) with its 95% interval (Sen's, scipy.stats.theilslopes); None under 3 samples."""
+    from scipy.stats import theilslopes
+
     after = [s for s in samples if s["t_s"] >= warmup_s]
     if len(after) < 3:
         return None
     t = np.array([s["t_s"] for s in after])
     rss = np.array([s["rss_mib"] for s in after])
-    slope = np.polyfit(t, rss, 1)[0]  # MiB per second
-    return float(slope * 3600 / rss.mean() * 100)
+    slope, _, low, high = theilslopes(rss, t, alpha=0.95)  # MiB per second
+    scale = 3600 / float(np.median(rss)) * 100
+    return {"slope": float(slope * scale), "low": float(low * scale), "high": float(high * scale),
+            "mib_per_hour": float(slope * 3600), "samples": len(after)}
 
 
 def verdict(samples, drains, load: Load, idle: dict, args, warmup_s: float) -> dict:
@@ -391,7 +407,7 @@ def verdict(samples, drains, load: Load, idle: dict, args, warmup_s: float) -> d
     growth = rss_growth_pct_per_hour(samples, warmup_s)
     statuses = Counter(r.status for r in records)
     checks = {
-        "rss_growth_below_2pct_per_hour": None if args.no_rss_criterion or growth is None else growth < 2.0,
+        "rss_growth_below_2pct_per_hour": None if args.no_rss_criterion or growth is None else growth["slope"] < 2.0,
         "generator_kv_at_idle_baseline_at_every_drain": all(d["kv_blocks_used"] == idle["kv_blocks_used"]
                                                             and d["live_sequences"] == 0 for d in drains),
         "fds_flat": max(d["fds"] for d in after) <= after[0]["fds"] + args.flat_tolerance,
@@ -422,7 +438,9 @@ def summary_rows(report: dict) -> list[tuple[str, str]]:
         ("requests sent", f"{report['sent']:,} ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})"),
         ("outcomes (client = server)", ", ".join(f"{k} {n}" for k, n in sorted(report["outcomes"].items()))),
         ("RSS after warm-up", f"{min(s['rss_mib'] for s in after):,.0f}-{max(s['rss_mib'] for s in after):,.0f} MiB, "
-                              f"slope {growth:+.2f}%/h" if growth is not None else "too few samples"),
+                              f"Theil-Sen slope {growth['slope']:+.2f}%/h (95% interval {growth['low']:+.2f} to "
+                              f"{growth['high']:+.2f}%/h; {growth['mib_per_hour']:+.1f} MiB/h)"
+         if growth is not None else "too few samples"),
         ("generator KV blocks at the drains", ", ".join(str(d["kv_blocks_used"]) for d in drains)),
         ("PRM KV blocks at the drains (cached step prefixes)", ", ".join(str(d["prm_kv_blocks_used"]) for d in drains)),
         ("open descriptors at the drains", ", ".join(str(d["fds"]) for d in drains)),
@@ -466,7 +484,13 @@ def plot(report: dict, path: Path) -> None:
     axes[-1].set_xlabel("minutes (dotted: drains; dashed: end of warm-up)")
     fig.suptitle(f"specscale serve soak: {report['rate_rps']:.2f} req/s Poisson, {report['sent']:,} requests")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.canvas.draw()
+    from PIL import Image  # matplotlib's own dependency
+
+    # a palette of 64 colours: a line plot needs no more, and the PNG is a fraction of the size (docs/bench)
+    image = Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()).convert("RGB")
+    image.quantize(64).save(path, optimize=True)
+    plt.close(fig)
 
 
 def machine() -> str:
@@ -475,6 +499,53 @@ def machine() -> str:
     flags = set(re.search(r"flags\s*:\s*(.*)", info)[1].split())
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     return f"{model[1] if model else 'CPU'}, {os.cpu_count()} cores, {'/'.join(isa)}"
+
+
+# ---- the memory probe: oneDNN's primitive cache, with and without row padding -----------------------------------
+PROBE_SHAPE = (1536, 256)  # (out, in): the toy generator's gate/up projection, a linear that runs on oneDNN
+
+
+def memory_probe(args, out: Path) -> int:
+    """RSS of a fresh process after `--memory-probe-steps` linears of random row counts (1..2048), unpadded and
+    padded: oneDNN JIT-compiles and keeps a primitive per distinct row count, row padding bounds the counts."""
+    runs = {}
+    for mode in ("unpadded", "padded"):
+        command = [sys.executable, __file__, "--memory-probe-run", mode, "--memory-probe-steps",
+                   str(args.memory_probe_steps), "--seed", str(args.seed)]
+        if args.threads:
+            command += ["--threads", str(args.threads)]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=True)
+        runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(mode, json.dumps(runs[mode]), flush=True)
+    report = {"command": "python benchmarks/soak.py " + " ".join(sys.argv[1:]),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "runs": runs}
+    (out / "memory_probe.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def memory_probe_run(args) -> None:
+    import torch
+
+    from specscale.model.row_padding import padded_rows
+    from specscale.model.transformer import Linear
+
+    torch.set_num_threads(args.threads or 2)
+    linear = Linear(PROBE_SHAPE[1], PROBE_SHAPE[0], bias=False).to(torch.bfloat16)
+    if "onednn" not in linear.paths():
+        print(json.dumps({"skipped": "oneDNN does not run bf16 linears on this CPU"}))
+        return
+    linear.prepack("onednn")
+    linear.pad_rows = args.memory_probe_run == "padded"
+    rng = random.Random(args.seed)
+    series, rows_seen = [], set()
+    for step in range(args.memory_probe_steps + 1):
+        if step % max(args.memory_probe_steps // 10, 1) == 0:
+            series.append((step, process_sample(os.getpid())["rss_mib"]))
+        rows = rng.randint(1, 2048)
+        rows_seen.add(padded_rows(rows) if linear.pad_rows else rows)
+        linear(torch.randn(rows, PROBE_SHAPE[1], dtype=torch.bfloat16))
+    print(json.dumps({"rss_mib_start": series[0][1], "rss_mib_end": series[-1][1], "distinct_row_counts_run":
+                      len(rows_seen), "rss_mib_by_step": series}))
 
 
 # ---- main ----------------------------------------------------------------------------------------------------------
@@ -507,9 +578,14 @@ async def soak(args, url: str, pid: int) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.memory_probe_run:
+        memory_probe_run(args)
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped soak still stops its server
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.memory_probe:
+        return memory_probe(args, out)
     process, url = start_server(args, out / "server.log")
     try:
         report = asyncio.run(soak(args, url, process.pid))

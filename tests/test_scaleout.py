@@ -191,6 +191,42 @@ def test_metrics_are_summed_over_the_replicas(client, cluster):
     assert len(families) == len(set(families)), "a metric family is split"
 
 
+def _request_counts(text: str) -> dict:
+    pattern = r'^specscale_requests_total\{route="([^"]*)",outcome="(\w+)",status="(\d+)",reason="([^"]*)"\} (\S+)$'
+    return {key: float(value) for *key, value in (tuple(m) for m in re.findall(pattern, text, re.MULTILINE))}
+
+
+def test_every_request_is_counted_once_by_how_it_ended_as_its_client_saw_it(client, cluster):
+    """`specscale_requests_total` on the Ray layout equals the client's own count, route by route and reason
+    by reason: answers (whole and streamed), 4xx from the ingress (its body checks) and from a replica
+    (the search's), and a stream whose client went away. The benchmark that relies on it: benchmarks/soak.py."""
+    chat, text_route = "/v1/chat/completions", "/v1/completions"
+    cluster.wait_idle()
+    before = _request_counts(cluster.metrics())
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=16,
+                                   seed=1, extra_body={"search": FAST})
+    list(client.completions.create(model=MODEL, prompt=QUESTION, max_tokens=16, seed=2, stream=True,
+                                   extra_body={"search": FAST}))
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=60) as h:
+        assert h.post(chat, content=b"{").status_code == 400  # the ingress's body check
+        assert h.post(chat, json=chat_body({"preset": "greedy"})).status_code == 400  # a replica's search check
+        with h.stream("POST", chat, json=chat_body(LONG, stream=True, **LONG_SAMPLING)) as stream:
+            for line in stream.iter_lines():
+                if "search_progress" in line:
+                    break  # the client goes away mid-stream
+    expected = {(chat, "completed", "200", ""): 1, (text_route, "completed", "200", ""): 1,
+                (chat, "refused", "400", "invalid_json"): 1, (chat, "refused", "400", "unknown_preset"): 1,
+                (chat, "cancelled", "499", "client_closed"): 1}
+    deadline = time.monotonic() + 30  # the cancelled stream is counted once the ingress has seen it end
+    while True:
+        after = _request_counts(cluster.metrics())
+        delta = {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
+        if delta == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert delta == expected
+
+
 # ---- cancellation, limits ------------------------------------------------------------------------------
 def test_disconnect_mid_stream_frees_kv_on_the_serving_replica(cluster):
     before = cluster.metrics()

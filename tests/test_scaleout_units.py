@@ -201,3 +201,52 @@ def test_closing_a_running_search_cancels_its_replica_call():
     assert _run(search.open()) == StreamOpened("a")
     search.close()
     assert running.cancelled
+
+
+# ---- how a forwarded stream ended, as the ingress counts it (`specscale_requests_total`) ---------------------
+def test_the_ingress_counts_a_forwarded_stream_by_how_it_ended():
+    from specscale.scaleout.ingress import stream_outcome
+    from specscale.server.responses import sse
+
+    route = "/v1/chat/completions"
+    chunks = ["open", "round 0", "answer", "data: [DONE]\n\n"]
+    search, _, _ = _forwarded([ScriptedCall([StreamOpened("a"), *chunks])])
+    _run(_collect(search))
+    assert tuple(stream_outcome(search, route).labels().values()) == (route, "completed", "200", "")
+
+    timeout = sse(APIError(504, "past its time budget", code="timeout").body())
+    search, _, _ = _forwarded([ScriptedCall([StreamOpened("a"), "open", timeout, "data: [DONE]\n\n"])])
+    _run(_collect(search))
+    assert tuple(stream_outcome(search, route).labels().values()) == (route, "failed", "504", "timeout")
+
+    search, _, _ = _forwarded([ScriptedCall([StreamOpened("a"), "open", "round 0"], ActorDiedError())], seed=None)
+    _run(_collect(search))
+    assert tuple(stream_outcome(search, route).labels().values()) == (route, "failed", "503", "replica_failed")
+
+    search, _, _ = _forwarded([ScriptedCall([StreamOpened("a"), *chunks])])  # the client left after one chunk
+
+    async def first_chunk_only():
+        await search.open()
+        async for _ in search.chunks():
+            break
+
+    _run(first_chunk_only())
+    assert tuple(stream_outcome(search, route).labels().values()) == (route, "cancelled", "499", "client_closed")
+
+
+def test_the_ingress_exposes_its_request_counts_beside_the_replicas_series():
+    """The replicas count no request outcome (the ingress sees each request's end, re-runs included): the
+    ingress's own `specscale_requests_total` is what the cluster's /metrics sums with the replicas' text."""
+    from specscale.server.metrics import RequestOutcome
+
+    ingress_metrics = ServerMetrics(clock=lambda: 100.0)
+    ingress_metrics.request_outcome(RequestOutcome("/v1/completions", "refused", 400, "invalid_json"))
+    ingress_metrics.request_outcome(RequestOutcome("/v1/chat/completions", "completed", 200))
+    ingress = only_families(ingress_metrics.render(EngineSnapshot()),
+                            {"specscale_http_responses_total", "specscale_requests_total"})
+    total = sum_expositions([_replica_metrics("beam", 0.2, kv_used=3), _replica_metrics("beam", 0.1, kv_used=1),
+                             ingress])
+    assert ('specscale_requests_total{route="/v1/completions",outcome="refused",status="400",'
+            'reason="invalid_json"} 1') in total
+    assert 'specscale_requests_total{route="/v1/chat/completions",outcome="completed",status="200",reason=""} 1' \
+        in total

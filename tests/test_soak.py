@@ -44,3 +44,18 @@ def test_a_short_soak_leaks_nothing_and_accounts_for_every_request(tmp_path):
     outcomes = {(r["kind"], r["outcome"]) for r in records}
     assert ("disconnect", "cancelled") in outcomes and ("hostile:malformed_json", "refused") in outcomes
     assert (out / "soak.png").stat().st_size > 0 and "| verdict | PASS" in (out / "soak.md").read_text()
+
+
+def test_the_memory_probe_runs_both_modes_and_padding_bounds_the_row_counts(tmp_path):
+    """`--memory-probe` (no server): random row counts through one oneDNN linear, unpadded then padded, each in
+    a fresh process. No RSS threshold here (a few hundred steps move RSS by little): only that both ran and that
+    padding runs far fewer distinct row counts."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--memory-probe", "--memory-probe-steps", "200",
+               "--threads", "1", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    runs = json.loads((tmp_path / "memory_probe.json").read_text())["runs"]
+    if "skipped" in runs["unpadded"]:
+        return  # oneDNN runs no bf16 linear on this CPU
+    assert runs["padded"]["distinct_row_counts_run"] <= 80 < runs["unpadded"]["distinct_row_counts_run"]
+    assert len(runs["padded"]["rss_mib_by_step"]) == len(runs["unpadded"]["rss_mib_by_step"]) == 11

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specscale.model import cpu_kernels
+from specscale.model import cpu_kernels, row_padding
 from specscale.model.attention import AttentionMetadata, paged_attention, write_kv
 from specscale.model.kernel_choice import PREFILL_BUCKETS, ROW_BUCKETS, KernelChoice, LinearShape
 from specscale.model.machine import MachineFingerprint
@@ -215,6 +215,7 @@ class Linear(nn.Linear):
     packed: torch.Tensor | None = None  # oneDNN's opaque prepacked weight
     packed_bf16: torch.Tensor | None = None  # [ceil(out / 48), in / 2, 48, 2] for cpu_kernels.bf16_linear
     path: str = "torch"
+    pad_rows: bool = False  # its input rows padded to a few sizes (model/row_padding.py: oneDNN's cache)
 
     @property
     def shape(self) -> LinearShape:
@@ -239,6 +240,7 @@ class Linear(nn.Linear):
         if path != "torch":
             self.weight = None  # frees the plain copy unless a tied module still holds it
         self.path = path
+        self.pad_rows = row_padding.pads_rows(path, weight.dtype, weight.device)
 
     @property
     def is_prepacked(self) -> bool:
@@ -247,6 +249,8 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] -> [T, out]
         if self.packed_bf16 is not None:
             return cpu_kernels.bf16_linear(x, self.packed_bf16, self.out_features, self.bias)
+        if self.pad_rows and (padded := row_padding.pad_rows(x)) is not x:
+            return self.forward(padded)[: x.shape[0]]  # a bucket size pads to itself: one level
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -15,6 +15,7 @@ request that waits for its first answer past its time budget, 504.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 from ray.exceptions import RayActorError
@@ -30,6 +31,7 @@ RETRY_DELAY_S = 0.25  # before the k-th re-run: k times this
 RETRYABLE_CODES = ("engine_failed", "engine_unavailable")  # a replica's 503 when its engine thread failed
 OPENING_CHUNKS = 1  # a stream's first chunk (the assistant role) is the same for any search of the request
 FIRST_ANSWER_GRACE_S = 5.0  # the replica enforces the budget; the ingress waits this much longer
+ERROR_EVENT = 'data: {"error": '  # how an error event inside a stream begins (server/responses.py `sse`)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class ForwardedSearch:
         self.counters = counters
         self.retries = 0  # re-runs so far
         self.call = None  # the replica's current DeploymentResponseGenerator
+        self.stream_error: tuple[int, str | None] | None = None  # (status, code) of a stream's error event
+        self.stream_finished = False  # the stream's last chunk was handed on
 
     # ---- the first message: the status of the HTTP answer ---------------------------------------------
     async def open(self) -> Rejected | Answered | StreamOpened:
@@ -88,18 +92,23 @@ class ForwardedSearch:
         while True:
             item = await self._next()
             if isinstance(item, CallEnded):
+                self.stream_finished = True
                 return
             if isinstance(item, ReplicaLost):
                 skip = await self._resume(item, sent)
                 if skip is None:
-                    yield sse(self._lost(item).body)
+                    lost = self._lost(item)
+                    self.stream_error = (lost.status, lost.body["error"]["code"])
+                    yield sse(lost.body)
                     yield DONE
+                    self.stream_finished = True
                     return
                 continue
             if skip:
                 skip -= 1
                 continue
             sent += 1
+            self.stream_error = self.stream_error or error_event(item)
             yield item
 
     async def _resume(self, lost: ReplicaLost, sent: int) -> int | None:
@@ -148,6 +157,15 @@ class ForwardedSearch:
         """Cancel the replica's call (a no-op once it has finished): the search's KV is freed there."""
         if self.call is not None:
             self.call.cancel()
+
+
+def error_event(chunk) -> tuple[int, str | None] | None:
+    """(status, code) of a replica's error event inside a stream (504 past the time budget, 503 otherwise,
+    as server/app.py `outcome_problem` answers), None for any other chunk."""
+    if not (isinstance(chunk, str) and chunk.startswith(ERROR_EVENT)):
+        return None
+    error = json.loads(chunk.removeprefix("data: "))["error"]
+    return 504 if error["type"] == "timeout_error" else 503, error["code"]
 
 
 def _lost_if_engine_failed(first):

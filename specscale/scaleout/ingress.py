@@ -5,7 +5,9 @@ Completions: the body is read, validated and authenticated here (the same functi
 server); the search goes to a replica through a Ray Serve streaming handle call, routed by Serve's router
 (`ForwardedSearch`). `/v1/models`, `/health` and `/metrics` ask every replica at once (Serve's handle
 `broadcast`, which a full cluster does not refuse): `/health` lists each replica and the totals,
-`/metrics` sums the replicas' series with the ingress's own HTTP counts and its replica-failure counters.
+`/metrics` sums the replicas' series with the ingress's own HTTP counts, its replica-failure counters and
+its count of every completion request by how it ended (`specscale_requests_total`: the ingress sees each
+request's end as its client does, across re-runs on another replica; the replicas count none).
 In disaggregated serving both also ask every PRM replica (`VerifierReplica`): /health lists them apart
 and adds their PRM KV to the total, /metrics sums their PRM-batch series with the rest.
 
@@ -35,8 +37,8 @@ from specscale.scaleout.forwarding import ForwardedSearch
 from specscale.scaleout.messages import Rejected, StreamOpened
 from specscale.server.app import PROMETHEUS_TEXT, install_middleware
 from specscale.server.engine_loop import EngineSnapshot
-from specscale.server.errors import APIError, install_error_handlers
-from specscale.server.metrics import ServerMetrics
+from specscale.server.errors import CLIENT_CLOSED, APIError, install_error_handlers
+from specscale.server.metrics import RequestOutcome, ServerMetrics
 from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
 from specscale.server.request_body import read_json, validate
 
@@ -54,7 +56,7 @@ class Ingress:
         self.config = config
         self.replicas = replicas  # DeploymentHandle of the SearchReplica deployment
         self.verifiers = verifiers  # DeploymentHandle of the VerifierReplica deployment (disaggregated serving)
-        self.metrics = ServerMetrics()  # only its HTTP status counts are used: the searches' come from replicas
+        self.metrics = ServerMetrics()  # only its HTTP status and request outcome counts: the rest from replicas
         self.counters = ClusterCounters()
         self.started = int(time.time())
         self._model_card: dict | None = None
@@ -74,20 +76,36 @@ class Ingress:
 
     # ---- completions ---------------------------------------------------------------------------------
     async def complete(self, request: Request, model, chat: bool):
+        """The response; the request's outcome is counted once known (a stream's when it ends), as the
+        single-process server counts it (server/app.py `SearchRoutes.serve`)."""
+        route = request.url.path
+        try:
+            return await self._counted_complete(request, model, chat, route)
+        except APIError as error:
+            self.metrics.request_outcome(RequestOutcome.of_error(route, error.status, error.code))
+            raise
+        except asyncio.CancelledError:  # the client went away before its answer
+            self.metrics.request_outcome(RequestOutcome(route, "cancelled", CLIENT_CLOSED, "client_closed"))
+            raise
+        except Exception:  # ErrorGuard answers it with a 500
+            self.metrics.request_outcome(RequestOutcome(route, "failed", 500, "internal_error"))
+            raise
+
+    async def _counted_complete(self, request: Request, model, chat: bool, route: str):
         if self.draining:
             raise APIError(503, "the server is shutting down and finishing the searches it has; retry on another "
                            "server", code="draining", headers={"Retry-After": str(self.config.settings.retry_after_s)})
         self.open_requests += 1
         handed_over = False
         try:
-            response = await self._complete(request, model, chat)
+            response = await self._complete(request, model, chat, route)
             handed_over = isinstance(response, ForwardedStreamingResponse)
             return response
         finally:
             if not handed_over:  # a stream counts until its last chunk is sent (ForwardedStreamingResponse)
                 self.open_requests -= 1
 
-    async def _complete(self, request: Request, model, chat: bool):
+    async def _complete(self, request: Request, model, chat: bool, route: str):
         settings = self.config.settings
         body = validate(model, await read_json(request, settings.max_body_bytes))
         timeout_s = min(body.search.timeout_s or settings.request_timeout_s, settings.request_timeout_s)
@@ -99,10 +117,12 @@ class Ingress:
             search.close()
             raise
         if isinstance(first, StreamOpened):
-            return ForwardedStreamingResponse(search, first.replica_id, self)
+            return ForwardedStreamingResponse(search, first.replica_id, self, route)
         search.close()
         if isinstance(first, Rejected):
+            self.metrics.request_outcome(RequestOutcome.of_error(route, first.status, first.body["error"]["code"]))
             return first.response()
+        self.metrics.request_outcome(RequestOutcome(route, "completed", 200))
         return JSONResponse(first.body, headers={REPLICA_HEADER: first.replica_id, RETRIES_HEADER: str(search.retries)})
 
     # ---- reports -------------------------------------------------------------------------------------
@@ -134,7 +154,8 @@ class Ingress:
     async def prometheus(self) -> PlainTextResponse:
         statuses = await self._poll()
         verifiers = await self._poll_verifiers()
-        http = only_families(self.metrics.render(EngineSnapshot()), {"specscale_http_responses_total"})
+        http = only_families(self.metrics.render(EngineSnapshot()),
+                             {"specscale_http_responses_total", "specscale_requests_total"})
         texts = [*(s.metrics for s in statuses), *(v.metrics for v in verifiers), http]
         cluster = self.counters.render(len(statuses), self.config.replicas)
         if self.config.disaggregated:
@@ -192,14 +213,16 @@ def _described(statuses: list) -> list[dict]:
 
 class ForwardedStreamingResponse(StreamingResponse):
     """An SSE response from a replica's stream that cancels the replica's call however the response ends
-    (sent, failed, or abandoned by a client that went away)."""
+    (sent, failed, or abandoned by a client that went away), and counts how the request ended: an error
+    event's status and code, completed when its last chunk was sent, cancelled by its client otherwise."""
 
-    def __init__(self, search: ForwardedSearch, replica_id: str, ingress: Ingress):
+    def __init__(self, search: ForwardedSearch, replica_id: str, ingress: Ingress, route: str):
         super().__init__(search.chunks(), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                   REPLICA_HEADER: replica_id, RETRIES_HEADER: str(search.retries)})
         self.search = search
         self.ingress = ingress
+        self.route = route
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -209,6 +232,15 @@ class ForwardedStreamingResponse(StreamingResponse):
         finally:
             self.search.close()
             self.ingress.open_requests -= 1
+            self.ingress.metrics.request_outcome(stream_outcome(self.search, self.route))
+
+
+def stream_outcome(search: ForwardedSearch, route: str) -> RequestOutcome:
+    if search.stream_error is not None:
+        return RequestOutcome.of_error(route, *search.stream_error)
+    if search.stream_finished:
+        return RequestOutcome(route, "completed", 200)
+    return RequestOutcome(route, "cancelled", CLIENT_CLOSED, "client_closed")
 
 
 def build_ingress_app(ingress: Ingress) -> FastAPI:

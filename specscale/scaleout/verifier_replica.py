@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ray import serve
 
 from specscale.model.memory import MIB, process_resident_bytes
+from specscale.model.row_padding import warm_engines
 from specscale.pipeline import build_verifier
 from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.prm_batch_counters import PRMBatchCounters
@@ -33,6 +34,7 @@ class VerifierReplica:
 
         torch.set_num_threads(config.verifier_torch_threads)
         self.verifier = build_verifier(config.pipeline)
+        warm_engines([self.verifier.engine])  # oneDNN's primitive for every row count now (model/row_padding.py)
         self.counters = PRMBatchCounters()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="specscale-prm")  # the one thread that runs the PRM
         self._score_batch.set_max_batch_size(config.verifier_batch_calls)

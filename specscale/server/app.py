@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from specscale.search.presets import PRESETS
 from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RequestHandle, RoundProgress
 from specscale.server.errors import CLIENT_CLOSED, APIError, install_error_handlers
+from specscale.server.memory_trim import MemoryTrimmer
 from specscale.server.metrics import RequestOutcome, ServerMetrics
 from specscale.server.middleware import ApiKeyGuard, ErrorGuard, StatusCounter
 from specscale.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -37,12 +38,16 @@ from specscale.server.settings import ServerSettings
 
 def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMetrics,
               settings: ServerSettings, on_shutdown=None) -> FastAPI:
-    """An app serving through `engine_loop` (started and stopped with the app's lifespan)."""
+    """An app serving through `engine_loop` (started and stopped with the app's lifespan, as is the periodic
+    malloc_trim of server/memory_trim.py)."""
+    trimmer = MemoryTrimmer()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine_loop.start()
+        trimmer.start()
         yield
+        trimmer.stop()
         await run_in_threadpool(engine_loop.stop)
         if on_shutdown is not None:
             on_shutdown()
@@ -54,6 +59,7 @@ def build_app(engine_loop: EngineLoop, builder: SearchBuilder, metrics: ServerMe
     app.state.settings = settings  # what `specscale serve` configures uvicorn's connection limits from
     app.state.metrics = metrics  # where the connection layer counts the responses it answers itself
     app.state.engine_loop = engine_loop  # what `specscale serve` drains on SIGTERM
+    app.state.memory_trimmer = trimmer
     started = int(time.time())
 
     api = APIRouter(prefix="/v1")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specscale.model.row_padding import warm_engines
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.backend import VerifierBackend
 from specscale.server.engine_loop import EngineLoop
@@ -32,6 +33,7 @@ class SearchStack:
 
         shared_grader().start()  # votes over non-numeric answers use math-verify: its worker imports while models load
         pipeline = Pipeline(pipeline_config, verifier=verifier)
+        warm_engines(pipeline.local_engines())  # oneDNN's primitive for every row count now (model/row_padding.py)
         metrics = ServerMetrics()
         engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s,
                                  model_memory=pipeline.model_memory, kernels=pipeline.kernels())
