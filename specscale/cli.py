@@ -66,6 +66,44 @@ def run_profile_decode(args) -> int:
     return run(args)
 
 
+def add_kernels(sub) -> None:
+    p = sub.add_parser("kernels", help="this machine's fingerprint and its cached kernel choice per linear shape "
+                       "and row bucket (model/kernel_choice.py); --remeasure times them again")
+    p.add_argument("--remeasure", action="store_true", help="time every cached shape again and save it "
+                   "(timings taken on a busy machine go stale; SPECSCALE_REMEASURE_KERNELS=1 does it at load)")
+    p.add_argument("--model", default=None, help="also load this model folder, timing the shapes it lacks "
+                   "(all of them with --remeasure)")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (part of the fingerprint)")
+    p.set_defaults(func=run_kernels)
+
+
+def run_kernels(args) -> int:
+    """OMP_WAIT_POLICY and the thread count are part of the fingerprint: run it as the engine runs (the package
+    defaults to PASSIVE; the benchmarks set ACTIVE)."""
+    import os
+
+    import torch
+
+    from specscale.model.kernel_choice import REMEASURE_ENV, format_cached
+    from specscale.model.kernel_timing import measured_choice, remeasure
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.model:
+        from specscale.model.loader import load_model
+
+        if args.remeasure:
+            os.environ[REMEASURE_ENV] = "1"
+        load_model(args.model, dtype=args.dtype, kernels="auto")
+        os.environ.pop(REMEASURE_ENV, None)
+    choice = measured_choice("auto")
+    if args.remeasure and not args.model:
+        print(f"re-measured {remeasure(choice)} timings", flush=True)
+    print(format_cached(choice))
+    return 0
+
+
 def plugin_command_adders() -> list:
     """The callables that add plugin commands: the installed entry points, else the lab module by name."""
     found = sorted(entry_points(group=COMMAND_GROUP), key=lambda point: point.name)
@@ -81,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_profile_prm(sub)
     add_profile_decode(sub)
+    add_kernels(sub)
     add_serve(sub)
     for add_commands in plugin_command_adders():
         add_commands(sub)

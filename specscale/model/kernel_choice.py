@@ -5,10 +5,12 @@ weights of a decode step faster than oneDNN, on an Intel Xeon with AMX oneDNN's 
 faster than ours (docs/BENCHMARKS.md, "Real-size models"). So no fixed rule: the paths of a linear
 (model/transformer.py `Linear`, LINEAR_PATHS) are timed on this machine for each weight shape at each row
 bucket the engine runs (ROW_BUCKETS for a generator: decode batches and prefill chunks; PREFILL_BUCKETS for
-a PRM, which only prefills), on weights evicted from the caches first (a decode step streams every weight
-from memory). The timings are cached in a JSON file named by the machine's fingerprint (model/machine.py:
-CPU model, ISA flags, threads, torch version) beside the compiled C++ extension, so a later start on the
-same machine measures nothing.
+a PRM, which only prefills), each call on a weight evicted from the caches (a decode step streams every
+weight from memory) by a path warmed up on a twin weight (model/kernel_timing.py). The timings are cached in
+a JSON file named by the machine's fingerprint (model/machine.py: CPU model, ISA flags, threads, torch
+version) beside the compiled C++ extension, so a later start on the same machine measures nothing; a cache
+written by another TIMING_METHOD is measured afresh, and so is every shape under
+SPECSCALE_REMEASURE_KERNELS=1 or `specscale kernels --remeasure` (timings taken on a busy machine go stale).
 
 A weight has one layout (one copy in memory), so it takes one path for every row count: the one whose time,
 relative to the fastest path of each bucket, has the smallest geometric mean over the buckets (with one
@@ -37,8 +39,13 @@ log = logging.getLogger(__name__)
 
 LINEAR_PATHS = KERNEL_MODES[1:]  # ours, onednn, torch: also the order a forced path falls back in, ties break in
 ROW_BUCKETS = (1, 8, 32, 64, 128, 512)  # rows a generator's linears run: decode batches up to prefill chunks
-PREFILL_BUCKETS = (128, 512)  # a PRM's: prefill chunks (its MLP runs in chunks of <= 512 rows)
+# a PRM's: its MLP runs in chunks of <= 512 rows (transformer.py MLP_CHUNK_ROWS), its attention projections
+# on the whole batch (2,048-8,192 tokens in the verifier's batches)
+PREFILL_BUCKETS = (512, 2048)
 MIN_ROUNDS, MAX_ROUNDS, BUCKET_BUDGET_S = 2, 15, 0.3  # timed rounds over the paths per (shape, bucket)
+# how the timings were taken: 2 = weight cold, path warm (1, unversioned: caches evicted, path cold too)
+TIMING_METHOD = 2
+REMEASURE_ENV = "SPECSCALE_REMEASURE_KERNELS"
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,8 @@ class KernelChoice:
         self.cache_file = (cache_dir or cpu_kernels.build_directory()) / f"kernel-choice-{self.fingerprint.key}.json"
         self.timer = timer or unmeasured
         self.attention_timer = attention_timer or unmeasured
-        self.times = self._load()  # "shape key|path|rows" -> seconds
+        # "shape key|path|rows" -> seconds; none under SPECSCALE_REMEASURE_KERNELS=1 (measured afresh, saved)
+        self.times = {} if os.environ.get(REMEASURE_ENV, "") not in ("", "0") else self._load()
         self.timings_taken = 0  # timer calls in this process: 0 when every shape came from the cache
         self.chosen: dict[str, str] = {}  # "shape key[ tied]" -> path
         self.winners: dict[str, dict[int, str]] = {}  # the same keys -> rows -> fastest path there
@@ -148,7 +156,7 @@ class KernelChoice:
             measured = self.attention_timer(shape, kind)
             self.times.update({entry(path): measured[path] for path in ATTENTION_PATHS})
             self.timings_taken += len(ATTENTION_PATHS)
-            self._save()
+            self.save()
         # the C++ kernels unless torch is clearly faster: one stalled timing must not switch off every fused op
         faster = self.times[entry("torch")] * ATTENTION_MARGIN < self.times[entry("cpp")]
         path = "torch" if faster else "cpp"
@@ -162,22 +170,42 @@ class KernelChoice:
             measured = self.timer(shape, paths, buckets)
             self.times.update({entry(path, rows): measured[path][rows] for path in paths for rows in buckets})
             self.timings_taken += len(paths) * len(buckets)
-            self._save()
+            self.save()
         return {path: {rows: self.times[entry(path, rows)] for rows in buckets} for path in paths}
 
     def _load(self) -> dict[str, float]:
         if not self.cache_file.is_file():
             return {}
         stored = json.loads(self.cache_file.read_text())
-        return stored["times"] if stored.get("fingerprint") == json.loads(json.dumps(asdict(self.fingerprint))) else {}
+        same = stored.get("fingerprint") == json.loads(json.dumps(asdict(self.fingerprint)))
+        return stored["times"] if same and stored.get("timing_method") == TIMING_METHOD else {}
 
-    def _save(self) -> None:
+    def save(self) -> None:
         """Atomically (another process may read or write the same file)."""
         self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"fingerprint": asdict(self.fingerprint), "times": self.times}, indent=1, sort_keys=True)
+        text = json.dumps({"fingerprint": asdict(self.fingerprint), "timing_method": TIMING_METHOD,
+                           "times": self.times}, indent=1, sort_keys=True)
         with tempfile.NamedTemporaryFile("w", dir=self.cache_file.parent, delete=False, suffix=".tmp") as file:
             file.write(text)
         os.replace(file.name, self.cache_file)
+
+    def cached_linears(self) -> dict[str, dict[str, dict[int, float]]]:
+        """shape key -> path -> rows -> seconds: every linear timing this machine's cache holds."""
+        table: dict[str, dict[str, dict[int, float]]] = {}
+        for entry, seconds in self.times.items():
+            key, path, rows = entry.split("|")
+            if " attention " not in f" {key}":
+                table.setdefault(key, {}).setdefault(path, {})[int(rows)] = seconds
+        return table
+
+    def cached_attention(self) -> dict[str, dict[str, float]]:
+        """"decode attention <shape key>" / "prefill attention ..." -> path -> seconds, from the cache."""
+        table: dict[str, dict[str, float]] = {}
+        for entry, seconds in self.times.items():
+            key, path = entry.split("|")[:2]
+            if " attention " in f" {key}":
+                table.setdefault(key, {})[path] = seconds
+        return table
 
     def report(self) -> dict:
         """What /health, the start-up log and the benchmark headers name: machine, mode, chosen paths."""
@@ -198,6 +226,47 @@ def describe_paths(report: dict) -> str:
     linears = ", ".join(f"{path} x{count}" for path, count in report.get("linear_paths", {}).items())
     return (f"kernels {report.get('mode', '-')}: linears {linears or 'plain'}, attention {report['attention']}, "
             f"prefill attention {report['prefill_attention']}")
+
+
+def parse_linear_key(key: str) -> LinearShape:
+    """LinearShape.key back to the shape: "bfloat16 4864x896 bias" -> LinearShape(4864, 896, "bfloat16", True)."""
+    dtype, size, *rest = key.split()
+    out_features, in_features = (int(n) for n in size.split("x"))
+    return LinearShape(out_features, in_features, dtype, rest == ["bias"])
+
+
+def parse_attention_key(key: str) -> tuple[str, AttentionShape]:
+    """"decode attention bfloat16 14/2x64" -> ("decode", AttentionShape(14, 2, 64, "bfloat16"))."""
+    kind, _, dtype, size = key.split()
+    heads, rest = size.split("/")
+    kv_heads, head_dim = rest.split("x")
+    return kind, AttentionShape(int(heads), int(kv_heads), int(head_dim), dtype)
+
+
+def format_cached(choice: KernelChoice) -> str:
+    """What `specscale kernels` prints: the machine, the cache file, and per cached linear shape the path a
+    weight of it takes, each bucket's fastest path and every path's time (ms) and GFLOP/s there; then attention."""
+    lines = [f"machine: {choice.fingerprint.describe()}", f"fingerprint: {choice.fingerprint.key}",
+             f"cache: {choice.cache_file} ({'present' if choice.cache_file.is_file() else 'absent'}, "
+             f"timing method {TIMING_METHOD}, {len(choice.times)} timings)"]
+    linears = choice.cached_linears()
+    if not linears:
+        lines.append("no linear timings cached for this machine: load a model (or `specscale kernels --model DIR`)")
+    for key, times in sorted(linears.items()):
+        shape = parse_linear_key(key)
+        untied = {path: t for path, t in times.items() if path != "onednn"}
+        tied = f"; a tied head: {fastest_path(untied)}" if "onednn" in times and len(untied) > 1 else ""
+        lines.append(f"{key}: {fastest_path(times)}{tied}")
+        for rows, winner in sorted(bucket_winners(times).items()):
+            flops = 2 * rows * shape.out_features * shape.in_features
+            cells = "  ".join(f"{path} {times[path][rows] * 1e3:.3f} ms {flops / times[path][rows] / 1e9:.0f} GF/s"
+                              for path in LINEAR_PATHS if path in times)
+            lines.append(f"  {rows:>5} rows -> {winner:<6}  {cells}")
+    for key, times in sorted(choice.cached_attention().items()):
+        faster = times.get("torch", math.inf) * ATTENTION_MARGIN < times.get("cpp", math.inf)
+        cells = "  ".join(f"{path} {seconds * 1e3:.3f} ms" for path, seconds in sorted(times.items()))
+        lines.append(f"{key}: {'torch' if faster else 'cpp'}  ({cells})")
+    return "\n".join(lines)
 
 
 def unmeasured(*args):

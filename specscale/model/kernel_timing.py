@@ -17,6 +17,7 @@ from specscale.model.kernel_choice import (
     BUCKET_BUDGET_S,
     CONTEXT_TOKENS,
     DECODE_ROWS,
+    LINEAR_PATHS,
     MAX_ROUNDS,
     MIN_ROUNDS,
     NEW_TOKENS,
@@ -24,6 +25,8 @@ from specscale.model.kernel_choice import (
     AttentionShape,
     KernelChoice,
     LinearShape,
+    parse_attention_key,
+    parse_linear_key,
 )
 from specscale.model.transformer import Linear
 
@@ -31,6 +34,25 @@ from specscale.model.transformer import Linear
 def measured_choice(mode: str) -> KernelChoice:
     """The engine's KernelChoice: this machine's cache, measured with the real timers where it lacks a shape."""
     return KernelChoice(mode, timer=time_paths, attention_timer=time_attention)
+
+
+def remeasure(choice: KernelChoice) -> int:
+    """Time again every linear shape and attention shape `choice`'s cache holds, at its cached paths and
+    buckets, and save the new times (`specscale kernels --remeasure`); returns the cells timed."""
+    taken = 0
+    for key, times in choice.cached_linears().items():
+        paths = tuple(path for path in LINEAR_PATHS if path in times)
+        buckets = tuple(sorted(next(iter(times.values()))))
+        measured = time_paths(parse_linear_key(key), paths, buckets)
+        choice.times.update({f"{key}|{path}|{rows}": measured[path][rows] for path in paths for rows in buckets})
+        taken += len(paths) * len(buckets)
+    for key in choice.cached_attention():
+        kind, shape = parse_attention_key(key)
+        choice.times.update({f"{key}|{path}": seconds for path, seconds in time_attention(shape, kind).items()})
+        taken += 2
+    choice.timings_taken += taken
+    choice.save()
+    return taken
 
 
 # ---- the measurement ---------------------------------------------------------------------------------
@@ -54,13 +76,20 @@ def evict_caches() -> None:
 
 @torch.inference_mode()
 def time_paths(shape: LinearShape, paths: tuple[str, ...], buckets: tuple[int, ...]) -> dict[str, dict[int, float]]:
-    """path -> rows -> seconds of one call of a random weight of `shape`, the caches evicted before each call.
+    """path -> rows -> seconds of one call of a random weight of `shape`: the weight cold, the path warm.
+
+    Before each timed call the caches are evicted and the same path then runs once, untimed, on a twin weight
+    of the same shape (`warm_call`): what a path keeps between calls (oneDNN's primitive and its JIT code,
+    its scratchpad, our kernel's code) is warm, as in a model's forward, where the same path has just run
+    the previous layer, while the timed weight comes from memory, as in a decode step. Evicting alone made
+    every oneDNN call pay for a cold primitive (~0.3 ms on the Xeon with AMX of docs/BENCHMARKS.md, where it
+    is 3-8x faster than ours once warm), and `auto` kept the slower path.
 
     Bucket by bucket, the paths' calls are interleaved: each round times every path once (after one untimed
     round), for at least MIN_ROUNDS and at most MAX_ROUNDS rounds or until BUCKET_BUDGET_S is spent, and a
     path's time is its fastest round. On a shared machine a parallel call whose thread is descheduled waits
     a whole time slice (~10 ms): the fastest of many interleaved rounds is the one such stalls missed."""
-    layers = {path: linear_on_path(shape, path) for path in paths}
+    layers = {path: (linear_on_path(shape, path), linear_on_path(shape, path)) for path in paths}  # timed, twin
     times: dict[str, dict[int, float]] = {path: {} for path in paths}
     for rows in buckets:
         x = torch.randn(rows, shape.in_features).to(getattr(torch, shape.dtype))  # [rows, in]
@@ -68,7 +97,7 @@ def time_paths(shape: LinearShape, paths: tuple[str, ...], buckets: tuple[int, .
         start = time.perf_counter()
         for round_ in range(MAX_ROUNDS + 1):
             for path in paths:
-                calls[path].append(timed_call(layers[path], x))
+                calls[path].append(warm_call(*layers[path], x))
             if round_ >= MIN_ROUNDS and time.perf_counter() - start > BUCKET_BUDGET_S:
                 break
         for path in paths:
@@ -76,8 +105,10 @@ def time_paths(shape: LinearShape, paths: tuple[str, ...], buckets: tuple[int, .
     return times
 
 
-def timed_call(layer, x: torch.Tensor) -> float:
+def warm_call(layer, twin, x: torch.Tensor) -> float:
+    """Seconds of layer(x) with layer's weight out of the caches and its path warmed up by twin(x)."""
     evict_caches()
+    twin(x)
     start = time.perf_counter()
     layer(x)
     return time.perf_counter() - start

@@ -38,10 +38,17 @@ def _cpuinfo_lines() -> list[str]:
 
 
 def cpu_model() -> str:
+    """The CPU's model name with its family and model numbers, e.g. "Intel(R) Xeon(R) Processor (family 6
+    model 167)": a virtual machine's name can be as generic as that, the numbers tell the CPUs apart."""
+    fields: dict[str, str] = {}
     for line in _cpuinfo_lines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+        if not line.strip():
+            break  # the first processor's fields only
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    numbers = " ".join(f"{key.split()[-1]} {fields[key]}" for key in ("cpu family", "model") if key in fields)
+    return f"{name} ({numbers})" if numbers else name
 
 
 def isa_flags() -> tuple[str, ...]:
