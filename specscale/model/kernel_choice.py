@@ -262,9 +262,9 @@ def format_cached(choice: KernelChoice) -> str:
             cells = "  ".join(f"{path} {times[path][rows] * 1e3:.3f} ms {flops / times[path][rows] / 1e9:.0f} GF/s"
                               for path in LINEAR_PATHS if path in times)
             lines.append(f"  {rows:>5} rows -> {winner:<6}  {cells}")
-    for key, times in sorted(choice.cached_attention().items()):
-        faster = times.get("torch", math.inf) * ATTENTION_MARGIN < times.get("cpp", math.inf)
-        cells = "  ".join(f"{path} {seconds * 1e3:.3f} ms" for path, seconds in sorted(times.items()))
+    for key, attention_times in sorted(choice.cached_attention().items()):
+        faster = attention_times.get("torch", math.inf) * ATTENTION_MARGIN < attention_times.get("cpp", math.inf)
+        cells = "  ".join(f"{path} {seconds * 1e3:.3f} ms" for path, seconds in sorted(attention_times.items()))
         lines.append(f"{key}: {'torch' if faster else 'cpp'}  ({cells})")
     return "\n".join(lines)
 
