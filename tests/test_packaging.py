@@ -54,7 +54,8 @@ def test_the_cli_keeps_every_command_through_either_seam(monkeypatch):
     def commands() -> set[str]:
         return set(cli.build_parser()._subparsers._group_actions[0].choices)
 
-    expected = {"generate", "solve", "bench", "eval", "profile-prm", "serve", "simulate", "trace"}
+    system = {"profile-prm", "profile-decode", "kernels", "serve"}
+    expected = system | {"generate", "solve", "bench", "eval", "simulate", "trace"}
     monkeypatch.setattr(cli, "entry_points", lambda group: [])
     assert commands() == expected  # no entry points installed: the lab module by name
     point = metadata.EntryPoint("lab", f"{cli.FALLBACK_COMMAND_MODULE}:add_commands", cli.COMMAND_GROUP)
@@ -62,4 +63,4 @@ def test_the_cli_keeps_every_command_through_either_seam(monkeypatch):
     assert point.load() is add_commands and commands() == expected
     monkeypatch.setattr(cli, "FALLBACK_COMMAND_MODULE", "no_such_lab.commands")
     monkeypatch.setattr(cli, "entry_points", lambda group: [])
-    assert commands() == {"profile-prm", "serve"}  # the system alone
+    assert commands() == system  # the system alone
