@@ -193,7 +193,7 @@ def test_metrics_are_summed_over_the_replicas(client, cluster):
 
 def _request_counts(text: str) -> dict:
     pattern = r'^specscale_requests_total\{route="([^"]*)",outcome="(\w+)",status="(\d+)",reason="([^"]*)"\} (\S+)$'
-    return {key: float(value) for *key, value in (tuple(m) for m in re.findall(pattern, text, re.MULTILINE))}
+    return {tuple(match[:-1]): float(match[-1]) for match in re.findall(pattern, text, re.MULTILINE)}
 
 
 def test_every_request_is_counted_once_by_how_it_ended_as_its_client_saw_it(client, cluster):
