@@ -122,11 +122,11 @@ def metric(text: str, series: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def _paths(client: openai.OpenAI, seed: int, max_tokens: int = 16) -> tuple[str, str]:
+def _paths(client: openai.OpenAI, seed: int, max_tokens: int = 16, search: dict = FAST) -> tuple[str, str]:
     """(answering replica, the paths' texts and scores as JSON) of one seeded search."""
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=max_tokens, seed=seed, n=2,
-        extra_body={"search": FAST})
+        extra_body={"search": search})
     completion = raw.parse()
     paths = [(c.message.content, (c.model_extra or {})["score"]) for c in completion.choices]
     return raw.headers[REPLICA_HEADER], json.dumps(paths)
@@ -218,6 +218,11 @@ def test_disconnect_mid_stream_frees_kv_on_the_generator_replica_and_504_past_th
 
 
 # ---- failures (last: it replaces the PRM replica) -----------------------------------------------------------
+# searches long enough (several rounds of 16 candidates) that some are still running when the PRM replica dies,
+# on a fast CPU too
+KILL_LOAD = {"preset": "beam", "beam_size": 16, "beam_width": 4, "max_rounds": 8}
+
+
 def test_a_prm_replica_killed_under_load_is_replaced_and_no_request_hangs(deployments):
     """Searches in flight when the PRM replica dies still need scores: their scoring calls are re-sent until
     Ray Serve's new PRM replica answers, so every one answers 200, with the paths of a fresh search of its seed."""
@@ -227,7 +232,7 @@ def test_a_prm_replica_killed_under_load_is_replaced_and_no_request_hangs(deploy
 
     def complete(seed: int):
         try:
-            return 200, _paths(client, seed, max_tokens=32)[1]
+            return 200, _paths(client, seed, max_tokens=32, search=KILL_LOAD)[1]
         except openai.APIStatusError as error:
             return error.status_code, error.body
 
@@ -235,7 +240,8 @@ def test_a_prm_replica_killed_under_load_is_replaced_and_no_request_hangs(deploy
     with ThreadPoolExecutor(len(seeds)) as pool:
         futures = [pool.submit(complete, seed) for seed in seeds]
         calls = "specscale_prm_calls_total"
-        _wait_for(lambda: metric(deployments.metrics(), calls) > metric(before, calls), "no PRM call under load")
+        _wait_for(lambda: metric(deployments.metrics(), calls) > metric(before, calls), "no PRM call under load",
+                  poll_s=0.02)
         os.kill(prm["pid"], signal.SIGKILL)
         in_flight = sum(not f.done() for f in futures)
         results = [f.result(timeout=150) for f in futures]  # none hangs
@@ -257,8 +263,8 @@ def _prm_replaced(deployments: Deployments, victim: str) -> bool:
     return health["status"] == "ok" and len(ids) == 1 and victim not in ids
 
 
-def _wait_for(condition, message: str, timeout_s: float = 120.0) -> None:
+def _wait_for(condition, message: str, timeout_s: float = 120.0, poll_s: float = 0.2) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, message
-        time.sleep(0.2)
+        time.sleep(poll_s)
