@@ -60,8 +60,9 @@ def _linear(out_features: int, in_features: int, dtype: torch.dtype, path: str) 
 @pytest.mark.parametrize("shape", [(1536, 256), (256, 768)])
 def test_a_padded_linear_gives_the_unpadded_result(dtype, path, shape):
     linear = _linear(*shape, dtype, path)
-    if not linear.pad_rows:
-        pytest.skip(f"{path} does not pad {dtype} here")
+    if not linear.pad_rows:  # nothing to compare: the linear must then be one whose path never pads
+        assert not pads_rows(path, dtype, torch.device("cpu"))
+        return
     tolerance = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-4, "rtol": 1e-4}
     for rows in (1, 9, 17, 33, 100, 250, 257, 513, 700):
         x = torch.randn(rows, shape[1]).to(dtype)

@@ -23,8 +23,8 @@ _DYNAMIC_BRANCHING = {"dynamic_branching": True, "branching_score": "lookahead"}
 PRESETS: dict[str, dict] = {
     "beam": {},
     "beam+cd": {"dedup": True},
-    # beam+cd whose finished steps go through specscale's lazy queue and triggers (SPEC 3.3's lazy
-    # verification without speculation: cross-request batched verification)
+    # beam+cd whose finished steps go through specscale's lazy queue and triggers: lazy verification without
+    # speculation, cross-request batched verification (docs/design.md, "Verification")
     "beam+cd+lv": {"dedup": True, "verification": "lazy"},
     "best-of-n": {"selection": "best_of_n", "max_rounds": 1},
     "dvts": {"selection": "dvts"},
