@@ -38,15 +38,23 @@ def tiny_model(head_dim):
     return Model()
 
 
+# (cached tokens, new tokens) per sequence: decode rows and prefill chunks with cached prefixes
+MIXED = [(9, 1), (0, 1), (30, 1), (0, 7), (5, 11), (13, 3)]
+# the torch prefill path's shortcuts: every prefill from position 0 (SDPA's causal mask, no explicit mask), of
+# unequal lengths (a padded query grid) or equal ones (the flat batch is the grid)
+FRESH_UNEQUAL = [(4, 1), (0, 7), (0, 11), (0, 3)]
+FRESH_EQUAL = [(0, 8), (0, 8), (0, 8)]
+
+
 # D = 16, 64, 128 take the AVX-512 kernel (one instantiation per D / 16), D = 24 the portable one
-@pytest.mark.parametrize("backend,D", [("torch", 16), ("cpp", 16), ("cpp", 24), ("cpp", 64), ("cpp", 128)])
-def test_paged_attention_equals_dense(backend, D):
+@pytest.mark.parametrize("backend,D,shapes", [("torch", 16, MIXED), ("torch", 16, FRESH_UNEQUAL),
+                                              ("torch", 64, FRESH_EQUAL), ("cpp", 16, MIXED), ("cpp", 24, MIXED),
+                                              ("cpp", 64, MIXED), ("cpp", 128, MIXED), ("cpp", 64, FRESH_UNEQUAL)])
+def test_paged_attention_equals_dense(backend, D, shapes):
     assert backend == "torch" or cpu_kernels.available(), "the C++ decode kernel failed to build"
     torch.manual_seed(0)
     runner = TorchModelRunner(tiny_model(D), NB, BS, attention_backend=backend)
     key_cache, value_cache = runner.kv_caches[0]
-    # (cached tokens, new tokens) per sequence: decode rows and prefill chunks with cached prefixes
-    shapes = [(9, 1), (0, 1), (30, 1), (0, 7), (5, 11), (13, 3)]
     free = list(torch.randperm(NB).tolist())
     rows, ks, vs = [], [], []
     for i, (cached, new) in enumerate(shapes):

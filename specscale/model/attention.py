@@ -18,6 +18,9 @@ import torch.nn.functional as F
 
 from specscale.model import cpu_kernels
 
+# SDPA's enable_gqa (torch >= 2.5) lets KV heads serve their query heads without copies
+SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
 
 @dataclass(frozen=True)
 class AttentionMetadata:
@@ -28,8 +31,10 @@ class AttentionMetadata:
     decode_block_tables: [Td, max_blocks] int32, padded with 0 (never read past context_lens).
     decode_context_lens: [Td] int32, tokens each decode row attends to (including itself).
     prefill_block_tables: [Bp, max_blocks] (int32 for the prefill kernel, int64 for the torch path).
-    prefill_mask: [Bp, 1, Lq, S] bool; True where query row i may attend key position j (torch path).
-    prefill_query_index: [Tp] index of each flat prefill token in the padded [Bp * Lq] query grid (torch path).
+    prefill_mask: [Bp, 1, Lq, S] bool; True where query row i may attend key position j (torch path); None
+        when every prefill sequence starts at position 0 (causal SDPA).
+    prefill_query_index: [Tp] index of each flat prefill token in the padded [Bp * Lq] query grid (torch path);
+        None when every prefill sequence has Lq new tokens (the flat batch is the grid).
     prefill_starts, prefill_counts: [Bp] int64 first position and number of new tokens per prefill sequence
         (prefill kernel).
     use_cpu_kernels: run the C++ CPU kernels (decode attention, residual add + RMSNorm, RoPE + KV write,
@@ -94,17 +99,38 @@ def decode_attention(q, key_cache, value_cache, block_tables, context_lens, scal
 def padded_prefill_metadata(tables: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor,
                             block_size: int) -> dict:
     """The torch path's prefill fields of `AttentionMetadata`: block tables [Bp, nb] (int64), first positions
-    and new-token counts [Bp] -> the causal mask over cached + new keys and each real token's grid index."""
+    and new-token counts [Bp] -> the causal mask over cached + new keys (None when no sequence has cached
+    context: then SDPA's own causal mask is exact) and each real token's grid index (None without padding)."""
     query_len = int(counts.max())
     q = torch.arange(query_len, device=tables.device)  # [Lq]
+    padding = q[None, :] >= counts[:, None]  # [Bp, Lq]
+    valid = None if not bool(padding.any()) else (~padding).flatten().nonzero().squeeze(1)  # flat [Bp*Lq] index of each real token
+    fields = {"prefill_block_tables": tables, "prefill_mask": None, "prefill_query_index": valid,
+              "prefill_query_len": query_len}
+    if not bool(starts.any()):
+        # every sequence starts at position 0: real query row i attends keys 0..i, which is SDPA's causal mask
+        # (top-left aligned when S > Lq); padded rows read finite cache slots and are dropped
+        return fields
     keys = torch.arange(tables.shape[1] * block_size, device=tables.device)  # [S]
     query_pos = starts[:, None] + q[None, :]  # [Bp, Lq]
     mask = keys[None, None, :] <= query_pos[:, :, None]  # causal over cached + new: [Bp, Lq, S]
-    padding = q[None, :] >= counts[:, None]  # [Bp, Lq] padded query rows attend to key 0 only
-    mask = torch.where(padding[:, :, None], keys[None, None, :] == 0, mask)
-    valid = (~padding).flatten().nonzero().squeeze(1)  # flat [Bp*Lq] index of each real token
-    return {"prefill_block_tables": tables, "prefill_mask": mask[:, None], "prefill_query_index": valid,
-            "prefill_query_len": query_len}
+    mask = torch.where(padding[:, :, None], keys[None, None, :] == 0, mask)  # padded rows attend key 0 only
+    return fields | {"prefill_mask": mask[:, None]}
+
+
+def prefill_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+    """q [B, Lq, H, D], k/v [B, KVH, S, D], mask [B, 1, Lq, S] or None (causal from position 0) -> [B, Lq, H, D].
+
+    Heads kept apart (not folded into the query axis as decode does), so that SDPA takes its flash kernel (its
+    bf16 GEMMs run on AMX where the CPU has it); it reads strided operands and its output, transposed back, is
+    contiguous.
+    """
+    q = q.transpose(1, 2)  # [B, H, Lq, D]
+    if not SDPA_HAS_GQA and k.shape[1] != q.shape[1]:  # torch < 2.5: repeat each KV head for its query heads
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    gqa = {"enable_gqa": True} if SDPA_HAS_GQA else {}
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, **gqa)
+    return out.transpose(1, 2)  # [B, Lq, H, D]
 
 
 def prefill_attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -114,12 +140,15 @@ def prefill_attention(q, key_cache, value_cache, meta: AttentionMetadata, scale:
                                                    meta.prefill_starts, meta.prefill_counts, scale)
     bp = meta.prefill_block_tables.shape[0]
     tp, h, d = q.shape
-    grid = q.new_zeros(bp * meta.prefill_query_len, h, d)
-    grid.index_copy_(0, meta.prefill_query_index, q)
+    grid = q
+    if meta.prefill_query_index is not None:  # sequences of unequal length: pad each to the longest
+        grid = q.new_zeros(bp * meta.prefill_query_len, h, d)
+        grid.index_copy_(0, meta.prefill_query_index, q)
     k = gather_context(key_cache, meta.prefill_block_tables)  # [Bp, KVH, S, D]
     v = gather_context(value_cache, meta.prefill_block_tables)
-    out = grouped_sdpa(grid.view(bp, meta.prefill_query_len, h, d), k, v, meta.prefill_mask, scale)
-    return out.reshape(bp * meta.prefill_query_len, h, d).index_select(0, meta.prefill_query_index)
+    out = prefill_sdpa(grid.view(bp, meta.prefill_query_len, h, d), k, v, meta.prefill_mask, scale)
+    out = out.reshape(bp * meta.prefill_query_len, h, d)
+    return out if meta.prefill_query_index is None else out.index_select(0, meta.prefill_query_index)
 
 
 def paged_attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:

@@ -43,8 +43,9 @@ ROW_BUCKETS = (1, 8, 32, 64, 128, 512)  # rows a generator's linears run: decode
 # on the whole batch (2,048-8,192 tokens in the verifier's batches)
 PREFILL_BUCKETS = (512, 2048)
 MIN_ROUNDS, MAX_ROUNDS, BUCKET_BUDGET_S = 2, 15, 0.3  # timed rounds over the paths per (shape, bucket)
-# how the timings were taken: 2 = weight cold, path warm (1, unversioned: caches evicted, path cold too)
-TIMING_METHOD = 2
+# how the timings were taken: 3 = as 2, and torch's prefill attention runs SDPA's flash kernel (2 = weight cold,
+# path warm; 1, unversioned: caches evicted, path cold too)
+TIMING_METHOD = 3
 REMEASURE_ENV = "SPECSCALE_REMEASURE_KERNELS"
 
 
@@ -73,7 +74,10 @@ class AttentionShape:
 
 
 ATTENTION_PATHS = ("cpp", "torch")  # the C++ kernels (model/cpu_kernels.py) or gather + SDPA
-ATTENTION_MARGIN = 2.0  # torch replaces the C++ kernels only when it measures this many times faster
+# torch replaces the C++ kernels only when it measures this many times faster: for decode by a margin (one
+# stalled timing must not switch off every fused op that goes with the decode kernel), for prefill (the kernel
+# alone) when it is faster at all
+ATTENTION_MARGIN = {"decode": 2.0, "prefill": 1.0}
 # the batches attention is timed on: 32 decode rows on 256-token contexts; 8 x 128 new tokens on 256 cached
 DECODE_ROWS, PREFILL_ROWS, NEW_TOKENS, CONTEXT_TOKENS, BLOCK_TOKENS = 32, 8, 128, 256, 16
 AttentionTimer = Callable[[AttentionShape, str], dict[str, float]]
@@ -90,6 +94,12 @@ def fastest_path(times: dict[str, dict[int, float]]) -> str:
     slowdown = {path: statistics.fmean(math.log(by_rows[rows] / best[rows]) for rows in buckets)
                 for path, by_rows in times.items()}
     return min(times, key=lambda path: (slowdown[path], LINEAR_PATHS.index(path)))
+
+
+def attention_winner(kind: str, times: dict[str, float]) -> str:
+    """"torch" when it measures ATTENTION_MARGIN[kind] times faster than the C++ kernel, else "cpp"."""
+    faster = times.get("torch", math.inf) * ATTENTION_MARGIN[kind] < times.get("cpp", math.inf)
+    return "torch" if faster else "cpp"
 
 
 def bucket_winners(times: dict[str, dict[int, float]]) -> dict[int, str]:
@@ -149,7 +159,7 @@ class KernelChoice:
 
     def attention_path(self, shape: AttentionShape, kind: str) -> str:
         """"cpp" or "torch" for decode or prefill attention (kind): the C++ kernel unless torch measures
-        ATTENTION_MARGIN times faster here (cached like the linears; the kernels must have built, and for
+        ATTENTION_MARGIN[kind] times faster here (cached like the linears; the kernels must have built, and for
         prefill support the head size). The decode choice carries the fused norm / RoPE / activation ops."""
         entry = lambda path: f"{kind} attention {shape.key}|{path}"  # noqa: E731
         if not all(entry(path) in self.times for path in ATTENTION_PATHS):
@@ -157,9 +167,7 @@ class KernelChoice:
             self.times.update({entry(path): measured[path] for path in ATTENTION_PATHS})
             self.timings_taken += len(ATTENTION_PATHS)
             self.save()
-        # the C++ kernels unless torch is clearly faster: one stalled timing must not switch off every fused op
-        faster = self.times[entry("torch")] * ATTENTION_MARGIN < self.times[entry("cpp")]
-        path = "torch" if faster else "cpp"
+        path = attention_winner(kind, {path: self.times[entry(path)] for path in ATTENTION_PATHS})
         self.chosen[f"{kind} attention {shape.key}"] = path
         return path
 
@@ -263,9 +271,8 @@ def format_cached(choice: KernelChoice) -> str:
                               for path in LINEAR_PATHS if path in times)
             lines.append(f"  {rows:>5} rows -> {winner:<6}  {cells}")
     for key, attention_times in sorted(choice.cached_attention().items()):
-        faster = attention_times.get("torch", math.inf) * ATTENTION_MARGIN < attention_times.get("cpp", math.inf)
         cells = "  ".join(f"{path} {seconds * 1e3:.3f} ms" for path, seconds in sorted(attention_times.items()))
-        lines.append(f"{key}: {'torch' if faster else 'cpp'}  ({cells})")
+        lines.append(f"{key}: {attention_winner(key.split()[0], attention_times)}  ({cells})")
     return "\n".join(lines)
 
 
