@@ -263,10 +263,16 @@ def test_a_cache_of_another_timing_method_or_a_remeasure_request_measures_again(
 def test_specscale_kernels_prints_the_cached_choice_per_shape_and_bucket(tmp_path):
     from specscale.model.kernel_choice import format_cached, parse_linear_key
 
-    choice = KernelChoice("auto", MACHINE, tmp_path, TableTimer(TABLE))
+    from specscale.model.kernel_choice import AttentionShape
+
+    attention_times = {"decode": {"cpp": 1.0, "torch": 1.5}, "prefill": {"cpp": 1.2, "torch": 1.0}}
+    choice = KernelChoice("auto", MACHINE, tmp_path, TableTimer(TABLE), lambda s, kind: attention_times[kind])
     for shape in SHAPES:
         choice.linear_path(shape, ALL, BUCKETS)
+    attention = AttentionShape(14, 2, 64, "bfloat16")
+    choice.attention_path(attention, "decode"), choice.attention_path(attention, "prefill")
     assert [parse_linear_key(shape.key) for shape in SHAPES] == SHAPES
-    text = format_cached(KernelChoice("auto", MACHINE, tmp_path, refuse))
+    text = format_cached(KernelChoice("auto", MACHINE, tmp_path, refuse))  # attention entries cached beside
     assert "Test CPU" in text and f"{SHAPES[0].key}: onednn; a tied head: ours" in text
     assert f"{SHAPES[1].key}: ours" in text and "512 rows -> onednn" in text
+    assert f"decode attention {attention.key}: cpp" in text and f"prefill attention {attention.key}: torch" in text

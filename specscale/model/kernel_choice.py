@@ -201,9 +201,9 @@ class KernelChoice:
         """shape key -> path -> rows -> seconds: every linear timing this machine's cache holds."""
         table: dict[str, dict[str, dict[int, float]]] = {}
         for entry, seconds in self.times.items():
-            key, path, rows = entry.split("|")
+            key, path, *rows = entry.split("|")  # an attention entry has no rows: "prefill attention ...|cpp"
             if " attention " not in f" {key}":
-                table.setdefault(key, {}).setdefault(path, {})[int(rows)] = seconds
+                table.setdefault(key, {}).setdefault(path, {})[int(rows[0])] = seconds
         return table
 
     def cached_attention(self) -> dict[str, dict[str, float]]:
