@@ -22,6 +22,7 @@ from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
 from specscale.search.backend import VerifierBackend
 from specscale.search.runtime import SearchRequest
 from specscale.sim.model_profile import ModelProfile
+from specscale.sim.prm_knee import cost_model_knee
 from specscale.sim.row_budget import device_cost_model, resolve_row_budget
 from specscale.stack import DeviceProperties, Stack
 from specscale.verify.prm import Verifier, VerifierConfig
@@ -65,10 +66,15 @@ def device_properties(config: PipelineConfig) -> DeviceProperties:
     """The config's device properties, through the resolvers the simulated stack uses too (stack.py)."""
     name = torch.cuda.get_device_name(config.device) if config.device.startswith("cuda") else None
     generator = ModelProfile.load(config.generator, None if config.generator_dtype == "auto" else config.generator_dtype)
-    spare_rows = resolve_row_budget(config.spare_rows, device_cost_model(config.device, name), generator,
-                                    config.max_num_seqs, load_row_budget(config.generator, config.device))
-    lv_threshold = resolve_lv_threshold(config.lv_threshold_tokens, load_lv_threshold(config.prm, config.device))
-    return DeviceProperties(lv_threshold, spare_rows)
+    cost_model = device_cost_model(config.device, name)
+    spare_rows = resolve_row_budget(config.spare_rows, cost_model, generator, config.max_num_seqs,
+                                    load_row_budget(config.generator, config.device))
+    profiled = load_lv_threshold(config.prm, config.device)
+    modelled = None
+    if profiled is None and cost_model is not None:  # never profiled here: the knee on the device's cost model
+        prm = ModelProfile.load(config.prm, None if config.prm_dtype == "auto" else config.prm_dtype)
+        modelled = cost_model_knee(cost_model, prm)
+    return DeviceProperties(resolve_lv_threshold(config.lv_threshold_tokens, profiled, modelled), spare_rows)
 
 
 class Pipeline(Stack):

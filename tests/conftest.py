@@ -5,10 +5,11 @@ from pathlib import Path
 # OpenMP threads that spin while waiting make torch ~50x slower whenever another process is busy on
 # this 2-core machine; sleeping waits cost little when it is quiet. Must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# a decode profile this machine's user measured (`specscale profile-decode`) would change the engines' row
-# budget: the tests read profiles only from a folder of their own (empty unless a test writes one)
-os.environ["SPECSCALE_DECODE_PROFILE_DIR"] = os.path.join(
-    os.environ.get("TMPDIR", "/tmp"), f"specscale-test-decode-profiles-{os.getpid()}")
+# a decode or PRM profile this machine's user measured (`specscale profile-decode`, `profile-prm`) would change
+# the engines' row budget and the LV threshold: the tests read profiles only from folders of their own (empty
+# unless a test writes one), as on a fresh CI machine
+for variable, kind in (("SPECSCALE_DECODE_PROFILE_DIR", "decode"), ("SPECSCALE_PRM_PROFILE_DIR", "prm")):
+    os.environ[variable] = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"specscale-test-{kind}-profiles-{os.getpid()}")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -261,9 +261,7 @@ def test_a_cache_of_another_timing_method_or_a_remeasure_request_measures_again(
 
 
 def test_specscale_kernels_prints_the_cached_choice_per_shape_and_bucket(tmp_path):
-    from specscale.model.kernel_choice import format_cached, parse_linear_key
-
-    from specscale.model.kernel_choice import AttentionShape
+    from specscale.model.kernel_choice import AttentionShape, format_cached, parse_linear_key
 
     attention_times = {"decode": {"cpp": 1.0, "torch": 1.5}, "prefill": {"cpp": 1.2, "torch": 1.0}}
     choice = KernelChoice("auto", MACHINE, tmp_path, TableTimer(TABLE), lambda s, kind: attention_times[kind])

@@ -61,6 +61,7 @@ def test_profile_prm_command_writes_table_json_and_plot(tiny_prm, tmp_path, caps
 
 
 def test_default_location_is_what_the_search_reads(tiny_prm, tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECSCALE_PRM_PROFILE_DIR")  # the tests' own folder (conftest.py): the default here
     monkeypatch.setenv("SPECSCALE_CACHE_DIR", str(tmp_path / "cache"))
     assert load_lv_threshold(tiny_prm, "cpu") is None  # never profiled
     assert main(["profile-prm", "--model", str(tiny_prm), "--quick", "--dtype", "float32", "--device", "cpu"]) == 0

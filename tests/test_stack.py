@@ -23,7 +23,7 @@ def _resolvers_recording(monkeypatch, calls: list, rows: int, threshold: int) ->
         calls.append(("rows", override))
         return rows
 
-    def resolve_threshold(override, profiled):
+    def resolve_threshold(override, profiled, modelled=None):
         calls.append(("lv", override))
         return threshold
 
@@ -52,10 +52,31 @@ def test_both_stacks_take_each_device_property_from_the_one_resolver(monkeypatch
         simulation.close()
 
 
-def test_the_lv_resolver_prefers_the_override_then_the_profile_then_the_default():
-    assert profile.resolve_lv_threshold(100, 700) == 100
-    assert profile.resolve_lv_threshold(None, 700) == 700
+def test_the_lv_resolver_prefers_the_override_then_the_profile_then_the_cost_model_then_the_default():
+    assert profile.resolve_lv_threshold(100, 700, 300) == 100
+    assert profile.resolve_lv_threshold(None, 700, 300) == 700
+    assert profile.resolve_lv_threshold(None, None, 300) == 300
     assert profile.resolve_lv_threshold(None, None) == profile.DEFAULT_LV_THRESHOLD == 2048
+
+
+def test_a_prm_never_profiled_here_takes_its_knee_on_the_device_cost_model(monkeypatch, tmp_path):
+    """No profile file for this PRM and device: the real stack's threshold is the knee the simulator computes
+    for the same PRM shape on the same device's cost model (the bundled CPU profile), not the A100 default."""
+    from specscale.pipeline import device_properties
+    from specscale.sim.model_profile import ModelProfile
+    from specscale.sim.prm_knee import cost_model_knee
+    from specscale.sim.row_budget import device_cost_model
+
+    monkeypatch.setenv("SPECSCALE_PRM_PROFILE_DIR", str(tmp_path))  # no profile-prm file
+    expected = cost_model_knee(device_cost_model("cpu"), ModelProfile.load(str(TOY_PRM)))
+    assert device_properties(PipelineConfig()).lv_threshold_tokens == expected
+    simulated = Simulation(SimulationConfig(hardware="cpu", generator=str(TOY_GENERATOR), prm=str(TOY_PRM),
+                                            workload=TOY))
+    try:
+        assert simulated.lv_threshold_tokens == expected
+    finally:
+        simulated.close()
+    assert device_properties(PipelineConfig(lv_threshold_tokens=640)).lv_threshold_tokens == 640
 
 
 def test_the_row_budget_resolver_is_unbounded_without_a_cost_model():

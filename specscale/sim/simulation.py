@@ -16,9 +16,10 @@ from specscale.config import EngineConfig, SearchConfig
 from specscale.engine.engine import Engine
 from specscale.search.runtime import SearchRequest
 from specscale.sim.clock import VirtualClock
-from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel, kv_capacity
+from specscale.sim.cost import CostModel, RooflineCostModel, kv_capacity
 from specscale.sim.hardware import HardwareProfile
 from specscale.sim.model_profile import ModelProfile
+from specscale.sim.prm_knee import cost_model_knee
 from specscale.sim.problems import Problem, make_problems
 from specscale.sim.row_budget import resolve_row_budget
 from specscale.sim.runner import SimulatedRunner
@@ -29,9 +30,7 @@ from specscale.sim.workload import WorkloadParams, preset
 from specscale.stack import DeviceProperties, Stack
 from specscale.verify.formats import format_name_for
 from specscale.verify.prm import Verifier, VerifierConfig
-from specscale.verify.profile import DEFAULT_BATCH_TOKENS, ProfilePoint, knee, resolve_lv_threshold, sequence_sizes
-
-PROFILE_CONTEXT_TOKENS, PROFILE_STEP_TOKENS = 512, 128  # the shape `specscale profile-prm` measures
+from specscale.verify.profile import resolve_lv_threshold
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ class Simulation(Stack):
         """Through the resolvers the real stack uses too (stack.py)."""
         c = self.config
         spare_rows = resolve_row_budget(c.spare_rows, self.cost_model, self.generator_profile, c.max_num_seqs)
-        return DeviceProperties(resolve_lv_threshold(c.lv_threshold_tokens, self.profiled_lv_threshold()), spare_rows)
+        return DeviceProperties(resolve_lv_threshold(c.lv_threshold_tokens, None, self.profiled_lv_threshold()), spare_rows)
 
     def _kv_blocks(self) -> tuple[int, int]:
         c = self.config
@@ -120,9 +119,4 @@ class Simulation(Stack):
 
     def profiled_lv_threshold(self) -> int:
         """`specscale profile-prm`'s knee, computed on the cost model for the batches it measures."""
-        points = []
-        for batch in DEFAULT_BATCH_TOKENS:
-            sizes = sequence_sizes(batch, PROFILE_STEP_TOKENS)
-            work = IterationWork((), tuple((n, PROFILE_CONTEXT_TOKENS) for n in sizes), len(sizes))
-            points.append(ProfilePoint(batch, (self.cost_model.iteration_seconds(self.prm_profile, work, "prm"),)))
-        return knee(points)
+        return cost_model_knee(self.cost_model, self.prm_profile)

@@ -118,6 +118,10 @@ def device_label(device: str) -> str:
 
 
 def cache_dir() -> Path:
+    """$SPECSCALE_PRM_PROFILE_DIR, else prm-profiles/ in the cache folder ($SPECSCALE_CACHE_DIR)."""
+    folder = os.environ.get("SPECSCALE_PRM_PROFILE_DIR")
+    if folder:
+        return Path(folder).expanduser()
     return Path(os.environ.get("SPECSCALE_CACHE_DIR", "~/.cache/specscale")).expanduser() / "prm-profiles"
 
 
@@ -130,18 +134,19 @@ def default_profile_path(model: str | Path, device: str) -> Path:
     return cache_dir() / f"{slug}-{digest}.json"
 
 
-# When this PRM and device were never profiled: a 7-8B PRM's prefill on an A100 saturates near
-# 2,048 batch tokens (docs/BENCHMARKS.md, the PRM profile).
+# When this PRM was never profiled and the device has no cost model: a 7-8B PRM's prefill on an A100
+# saturates near 2,048 batch tokens (docs/BENCHMARKS.md, the PRM profile).
 DEFAULT_LV_THRESHOLD = 2048
 
 
-def resolve_lv_threshold(override: int | None, profiled: int | None) -> int:
+def resolve_lv_threshold(override: int | None, profiled: int | None, modelled: int | None = None) -> int:
     """The lazy-verification threshold a stack hands its runtimes: the override (`--lv-threshold-tokens`),
-    else the PRM's profiled knee on this device (the profiler's file for a checkpoint, the cost model's knee
-    for a simulated PRM), else DEFAULT_LV_THRESHOLD. The one resolver of this property (stack.py)."""
+    else the PRM's knee measured on this device (`specscale profile-prm`'s file), else its knee on the
+    device's cost model (sim/prm_knee.py: a simulated PRM's, or a real PRM's never profiled here), else
+    DEFAULT_LV_THRESHOLD. The one resolver of this property (stack.py)."""
     if override is not None:
         return override
-    return profiled or DEFAULT_LV_THRESHOLD
+    return profiled or modelled or DEFAULT_LV_THRESHOLD
 
 
 def load_lv_threshold(model: str | Path, device: str | None = None) -> int | None:
