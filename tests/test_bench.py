@@ -220,3 +220,12 @@ def test_only_variants_that_promise_beams_paths_are_held_to_the_pairing_target()
     held = {v for v in (*LADDER, "fasttts-db", "dvts", "best-of-n", "single-sample") if promises_beams_paths(v)}
     assert held == {"beam", "beam+cd", "beam+cd+lv", "specscale-nospec", "naive-spec", "ep-strict", "ep", "ep+cd",
                     "specscale"}
+
+
+def test_a_run_header_names_every_kernel_path_each_model_took():
+    from specscale_lab.bench.common import kernels_markdown
+
+    report = {"linear_paths": {"onednn": 20}, "attention": "cpp", "prefill_attention": "torch"}
+    text = kernels_markdown({"machine": {"isa": "Test CPU (AMX)"}, "kernels": {"generator": report, "prm": report}})
+    assert text.startswith("Machine: Test CPU (AMX).")
+    assert text.count("attention cpp, prefill attention torch") == 2 and "{'onednn': 20}" in text

@@ -485,8 +485,8 @@ def kernels_markdown(info: dict) -> str:
     kernels = info.get("kernels") or {}
     if not kernels:
         return ""
-    paths = "; ".join(f"{role}: linears {report.get('linear_paths')}, attention {report.get('attention')}"
-                      for role, report in kernels.items())
+    paths = "; ".join(f"{role}: linears {report.get('linear_paths')}, attention {report.get('attention')}, "
+                      f"prefill attention {report.get('prefill_attention')}" for role, report in kernels.items())
     return f"Machine: {info['machine'].get('isa', '')}. Kernels ({paths}).\n\n"
 
 
