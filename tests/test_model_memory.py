@@ -40,7 +40,9 @@ def test_loading_adds_one_copy_of_the_weights_to_resident_memory(midsize_dir):
     grown = process_resident_bytes() - before
     weights = checkpoint_bytes(midsize_dir)
     assert weights > 50 * 2**20
-    assert grown < 1.3 * weights, f"loading {weights / 2**20:.0f} MiB of weights grew RSS by {grown / 2**20:.0f} MiB"
+    # one copy is 1.0x plus allocator slack, which depends on what the process ran before (1.34x once, late in
+    # the full suite); the bug this guards against held two copies (2.0x)
+    assert grown < 1.5 * weights, f"loading {weights / 2**20:.0f} MiB of weights grew RSS by {grown / 2**20:.0f} MiB"
     del model, warm
 
 
