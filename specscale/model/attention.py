@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from specscale.model import cpu_kernels
+from specscale.model.prefill_padding import grid_len, pad_block_tables, pads_sdpa
 
 # SDPA's enable_gqa (torch >= 2.5) lets KV heads serve their query heads without copies
 SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -89,6 +90,8 @@ def decode_attention(q, key_cache, value_cache, block_tables, context_lens, scal
     """q [Bd, H, D] (one query per sequence) -> [Bd, H, D]."""
     if use_kernel:
         return cpu_kernels.paged_decode_attention(q, key_cache, value_cache, block_tables, context_lens, scale)
+    if pads_sdpa(block_tables.device):  # few key lengths: few cached SDPA kernels (model/prefill_padding.py)
+        block_tables = pad_block_tables(block_tables, key_cache.shape[1])  # extra keys: masked by context_lens
     k = gather_context(key_cache, block_tables)  # [Bd, KVH, S, D]
     v = gather_context(value_cache, block_tables)
     positions = torch.arange(k.shape[2], device=q.device)
@@ -100,8 +103,13 @@ def padded_prefill_metadata(tables: torch.Tensor, starts: torch.Tensor, counts: 
                             block_size: int) -> dict:
     """The torch path's prefill fields of `AttentionMetadata`: block tables [Bp, nb] (int64), first positions
     and new-token counts [Bp] -> the causal mask over cached + new keys (None when no sequence has cached
-    context: then SDPA's own causal mask is exact) and each real token's grid index (None without padding)."""
+    context: then SDPA's own causal mask is exact) and each real token's grid index (None without padding). On CPU
+    the grid and the keys are padded to a few lengths (model/prefill_padding.py), so the returned tables may be
+    wider than the given ones."""
     query_len = int(counts.max())
+    if pads_sdpa(tables.device):  # few grid / key lengths: few cached SDPA kernels (model/prefill_padding.py)
+        query_len = grid_len(query_len)
+        tables = pad_block_tables(tables, block_size)  # extra keys: masked out, or causally unseen
     q = torch.arange(query_len, device=tables.device)  # [Lq]
     padding = q[None, :] >= counts[:, None]  # [Bp, Lq]
     valid = None if not bool(padding.any()) else (~padding).flatten().nonzero().squeeze(1)  # flat [Bp*Lq] index of each real token

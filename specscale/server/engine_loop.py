@@ -137,7 +137,9 @@ class EngineLoop:
     """make_runtime: builds the runtime from its callbacks and options (`Pipeline.runtime`)."""
 
     def __init__(self, make_runtime: Callable[..., SearchRuntime], metrics: ServerMetrics, max_waiting: int,
-                 retry_after_s: int = 1, model_memory: Callable[[], dict] | None = None, kernels: dict | None = None):
+                 retry_after_s: int = 1, model_memory: Callable[[], dict] | None = None, kernels: dict | None = None,
+                 warm: Callable[[], object] | None = None):
+        self._warm = warm  # run first on the engine thread (per-thread kernel caches: model/prefill_warmup.py)
         self.runtime = make_runtime(on_round=self._on_round, on_finished=self._on_finished, keep_finished=False)
         self._model_memory = model_memory  # {"generator": ..., "prm": ...} for /health (Pipeline.model_memory)
         self.kernels = kernels or {}  # machine and kernel paths per model for /health (Pipeline.kernels)
@@ -241,6 +243,8 @@ class EngineLoop:
     # ---- the engine thread --------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            if self._warm is not None:
+                self._warm()
             while self._wait_for_work():
                 for command in self._take_commands():
                     self._apply(command)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specscale.model import prefill_warmup
 from specscale.model.row_padding import warm_engines
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.backend import VerifierBackend
@@ -36,6 +37,7 @@ class SearchStack:
         warm_engines(pipeline.local_engines())  # oneDNN's primitive for every row count now (model/row_padding.py)
         metrics = ServerMetrics()
         engine_loop = EngineLoop(pipeline.runtime, metrics, settings.max_waiting, settings.retry_after_s,
-                                 model_memory=pipeline.model_memory, kernels=pipeline.kernels())
+                                 model_memory=pipeline.model_memory, kernels=pipeline.kernels(),
+                                 warm=lambda: prefill_warmup.warm_engines(pipeline.local_engines()))
         builder = SearchBuilder.for_stack(pipeline, pipeline.config.system_prompt, settings)
         return cls(pipeline, engine_loop, builder, metrics, settings)
