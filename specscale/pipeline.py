@@ -69,12 +69,13 @@ def device_properties(config: PipelineConfig) -> DeviceProperties:
     cost_model = device_cost_model(config.device, name)
     spare_rows = resolve_row_budget(config.spare_rows, cost_model, generator, config.max_num_seqs,
                                     load_row_budget(config.generator, config.device))
-    profiled = load_lv_threshold(config.prm, config.device)
+    override = config.lv_threshold_tokens
+    profiled = None if override is not None else load_lv_threshold(config.prm, config.device)
     modelled = None
-    if profiled is None and cost_model is not None:  # never profiled here: the knee on the device's cost model
+    if override is None and profiled is None and cost_model is not None:  # never profiled here: the cost model's knee
         prm = ModelProfile.load(config.prm, None if config.prm_dtype == "auto" else config.prm_dtype)
         modelled = cost_model_knee(cost_model, prm)
-    return DeviceProperties(resolve_lv_threshold(config.lv_threshold_tokens, profiled, modelled), spare_rows)
+    return DeviceProperties(resolve_lv_threshold(override, profiled, modelled), spare_rows)
 
 
 class Pipeline(Stack):
