@@ -29,7 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="local Hugging Face folder")
     parser.add_argument("dtype", choices=["float32", "bfloat16", "auto"])
-    parser.add_argument("--kernels", default="auto", choices=["auto", "ours", "onednn", "torch"])
+    parser.add_argument("--kernels", default="auto", choices=["auto", "ours", "onednn", "transposed", "torch"])
     args = parser.parse_args()
     torch.set_num_threads(2)
     before, start = process_resident_bytes(), time.perf_counter()

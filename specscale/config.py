@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KERNEL_MODES = ("auto", "ours", "onednn", "torch")  # EngineConfig.kernels (model/kernel_choice.py)
+KERNEL_MODES = ("auto", "ours", "onednn", "transposed", "torch")  # EngineConfig.kernels (model/kernel_choice.py)
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,8 @@ class EngineConfig:
     attention_backend: "auto" (the C++ CPU kernels — decode attention and the fused norm / RoPE / activation
         ops — when they build), "torch" (plain torch everywhere) or "cpp" (the kernels, or an error).
     kernels: the path of every CPU linear: "auto" (the fastest measured on this machine, cached per machine;
-        model/kernel_choice.py), or forced "ours" (our bf16 kernel), "onednn" or "torch" (F.linear) where
-        it can run that weight.
+        model/kernel_choice.py), or forced "ours" (our bf16 kernel), "onednn", "transposed" ((W x^T)^T) or
+        "torch" (F.linear) where it can run that weight.
     seed: seeds the engine's generator, used by sequences without a seed of their own.
     """
 

@@ -66,7 +66,7 @@ def add_serve(sub) -> None:
     p.add_argument("--lv-threshold-tokens", type=int, default=None,
                    help=f"lazy-verification threshold (default: the PRM profile's, else {DEFAULT_LV_THRESHOLD})")
     p.add_argument("--device", default=defaults.device)
-    p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / torch")
+    p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / transposed / torch")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -20,7 +20,7 @@ def add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / torch")
+    p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / transposed / torch")
     p.add_argument("--system", default=None, help="system prompt (default: the toy generator's)")
     p.set_defaults(func=run_generate)
 

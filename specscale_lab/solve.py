@@ -32,7 +32,7 @@ def add_solve(sub) -> None:
     p.add_argument("--prm", default=PipelineConfig.prm)
     p.add_argument("--max-concurrency", type=int, default=32)
     p.add_argument("--device", default=PipelineConfig.device, help="cpu or cuda")
-    p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / torch")
+    p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / transposed / torch")
     p.add_argument("--quiet", action="store_true", help="one line per question (its answer), then the summary")
     p.set_defaults(func=run_solve)
 

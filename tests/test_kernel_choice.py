@@ -103,6 +103,26 @@ def test_the_real_timer_measures_every_path_it_offers():
     assert set(times) == set(layer.paths()) and all(0 < t < 1.0 for by_rows in times.values() for t in by_rows.values())
 
 
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: no transposed path")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_transposed_path_equals_f_linear_and_gives_a_row_the_same_result_in_any_batch(dtype, bias):
+    torch.manual_seed(0)
+    layer = Linear(96, 1000, bias=bias).to(dtype)
+    plain = layer.weight.detach().clone(), None if layer.bias is None else layer.bias.detach().clone()
+    layer.prepack("transposed")
+    assert layer.weight is not None and not layer.is_prepacked  # the plain weight is its layout
+    x = torch.randn(37, 96).to(dtype)  # [T, in]
+    out = layer(x)  # [T, out]
+    exact = torch.nn.functional.linear(x.double(), plain[0].double(), None if plain[1] is None else plain[1].double())
+    tolerance = (2.0 ** -7 if dtype == torch.bfloat16 else 1e-5) * exact.abs().max().item()
+    assert out.shape == (37, 1000) and out.is_contiguous() and (out.double() - exact).abs().max().item() <= tolerance
+    for rows in (1, 5, 16):  # bf16: each row's result does not depend on the rows beside it (fp32 at 1 row takes
+        # MKL's gemv, as F.linear does)
+        assert torch.equal(layer(x[:rows]), out[:rows]) or (dtype == torch.float32 and rows == 1)
+    assert torch.equal(cpu_kernels.transpose_matrix(x), x.t())
+
+
 def engine_logits(path, dtype: str, kernels, prompts) -> list[torch.Tensor]:
     """Head outputs at every prompt position (prefill), then 6 greedy decode steps' logits per prompt."""
     engine = Engine(EngineConfig(model=str(path), dtype=dtype, num_kv_blocks=64, block_size=4, kernels=kernels))
@@ -130,21 +150,21 @@ PROMPTS = [[5, 17, 3, 99, 41, 7, 250], [8], list(range(20, 60))]
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_every_path_gives_the_same_logits(qwen2_dir, dtype):
-    """Forced ours / onednn / torch and auto agree within bf16 rounding (fp32: to 1e-4)."""
+    """Forced ours / onednn / transposed / torch and auto agree within bf16 rounding (fp32: to 1e-4)."""
     reference = engine_logits(qwen2_dir, "float32", "torch", PROMPTS)
-    for kernels in ("torch", "onednn", "ours", "auto"):
+    for kernels in ("torch", "onednn", "ours", "transposed", "auto"):
         for ours, exact in zip(engine_logits(qwen2_dir, dtype, kernels, PROMPTS), reference, strict=True):
             scale = exact.abs().max().item()
             tolerance = 1e-4 * scale if dtype == "float32" else 2.0 ** -6 * scale
             assert (ours - exact).abs().max().item() <= tolerance, (kernels, dtype)
 
 
-@pytest.mark.parametrize("kernels", ["ours", "torch", "onednn", "auto"])
+@pytest.mark.parametrize("kernels", ["ours", "torch", "onednn", "transposed", "auto"])
 def test_a_tied_embedding_is_held_once_and_looked_up_exactly(qwen2_dir, kernels):
     plain = load_model(qwen2_dir, dtype="bfloat16", kernels="torch")
     model = load_model(qwen2_dir, dtype="bfloat16", kernels=kernels)
     head = model.lm_head
-    assert head.path in ("ours", "torch") and (head.weight is None) == (head.path == "ours")
+    assert head.path in ("ours", "transposed", "torch") and (head.weight is None) == (head.path == "ours")
     assert not any(isinstance(m, torch.nn.Embedding) for m in model.modules())  # the table is the head's
     ids = torch.arange(model.args.vocab_size)
     assert torch.equal(model.model.embed_tokens(ids), plain.model.embed_tokens(ids))  # every row, bit for bit
@@ -185,7 +205,7 @@ def test_an_avx2_only_cpu_gets_a_working_path(qwen2_dir):
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert not out["bf16_linear"] and "forced to avx2" in out["kernels"]["machine"]
     assert "avx512f" not in out["kernels"]["machine"] and out["kernels"]["prefill_attention"] == "torch"
-    assert set(out["kernels"]["linear_paths"]) == {"torch"}  # bf16 without AVX-512: F.linear
+    assert set(out["kernels"]["linear_paths"]) <= {"transposed", "torch"}  # bf16 without AVX-512: plain torch GEMMs
     for dtype in ("bfloat16", "float32"):
         native = engine_logits(qwen2_dir, dtype, "auto", PROMPTS)
         for theirs, ours in zip(out[dtype], native, strict=True):

@@ -59,7 +59,7 @@ def test_model_memory_counts_each_weight_once(midsize_dir):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("kernels", ["auto", "ours", "onednn", "torch"])
+@pytest.mark.parametrize("kernels", ["auto", "ours", "onednn", "transposed", "torch"])
 def test_a_tied_model_holds_its_embedding_once(qwen2_dir, dtype, kernels):
     """The packed LM head and the embedding lookup share one buffer, whichever path packs the head."""
     model = load_model(qwen2_dir, dtype=dtype, kernels=kernels)
@@ -67,7 +67,7 @@ def test_a_tied_model_holds_its_embedding_once(qwen2_dir, dtype, kernels):
     padding = sum(m.packed_bf16.numel() - m.out_features * m.in_features for m in model.modules()  # ours: 48-column blocks
                   if isinstance(m, Linear) and m.packed_bf16 is not None) * element
     assert weight_bytes(model) == checkpoint_bytes(qwen2_dir) * element // 4 + padding
-    assert model.lm_head.path in ("ours", "torch")  # the layouts a lookup can read
+    assert model.lm_head.path in ("ours", "transposed", "torch")  # the layouts a lookup can read
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

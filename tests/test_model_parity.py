@@ -111,12 +111,12 @@ def test_cpu_linears_hold_one_copy_on_their_path(qwen2_dir, dtype):
 
     model = load_model(qwen2_dir, dtype=str(dtype).removeprefix("torch."))
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    assert linears and all(m.path in ("ours", "onednn", "torch") for m in linears)
+    assert linears and all(m.path in ("ours", "onednn", "transposed", "torch") for m in linears)
     assert all((m.packed_bf16 is not None) == (m.path == "ours") for m in linears)
     assert all((m.packed is not None) == (m.path == "onednn") for m in linears)
     assert all((m.weight is None) == (m.path != "torch") for m in linears)
     assert any(m.bias is not None for m in linears)  # qkv carries Qwen2's bias through the packed call
-    assert model.lm_head.path in ("ours", "torch")  # tied: the embedding lookups read the head's one copy
+    assert model.lm_head.path in ("ours", "transposed", "torch")  # tied: the embedding lookups read the head's one copy
 
 
 YARN = {"factor": 4.0, "original_max_position_embeddings": 64}

@@ -123,6 +123,11 @@ def race_sample_logits(logits, inv_temperatures, keys, num_draws: int):
     return _module.race_sample_logits(logits, inv_temperatures, keys, num_draws)
 
 
+def transpose_matrix(src):
+    """src [R, C] contiguous, 2- or 4-byte elements -> its transpose [C, R], contiguous (cache-sized tiles)."""
+    return _module.transpose_matrix(src)
+
+
 def has_bf16_linear() -> bool:
     """Whether bf16_linear runs here: the kernels compile (on the first call) and the CPU has AVX512-BF16."""
     return available() and _module.has_bf16_linear()

@@ -46,12 +46,13 @@ def padded_rows(rows: int) -> int:
 
 
 def pads_rows(path: str, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether a Linear on `path` ("ours", "onednn", "torch") with this weight dtype runs on oneDNN here."""
+    """Whether a Linear on `path` ("ours", "onednn", "transposed", "torch") with this weight dtype runs on oneDNN
+    here."""
     if device.type != "cpu":
         return False
     if path == "onednn":
         return True
-    return path == "torch" and dtype == torch.bfloat16 and onednn_runs_bf16()
+    return path in ("transposed", "torch") and dtype == torch.bfloat16 and onednn_runs_bf16()
 
 
 def onednn_runs_bf16() -> bool:

@@ -197,7 +197,7 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class Linear(nn.Linear):
-    """nn.Linear that runs one of three paths (model/kernel_choice.py picks one per weight by measurement):
+    """nn.Linear that runs one of four paths (model/kernel_choice.py picks one per weight by measurement):
 
     - "ours": our bf16 kernel on a weight packed for it once (`packed_bf16`, model/cpu_kernels.py; bf16, even
       K, AVX512-BF16 CPUs): at decode sizes it streams the weights from memory while it multiplies, which
@@ -205,11 +205,16 @@ class Linear(nn.Linear):
     - "onednn": oneDNN's prepacked matmul (`packed`; fp32, and bf16 where oneDNN has bf16 kernels), on
       whatever ISA oneDNN dispatches to (AMX on the Intel CPUs that have it: there it is several times
       faster than ours);
+    - "transposed": (W x^T)^T on the plain weight, torch.mm with the weight as the row-major left operand and
+      the [out, rows] product transposed by our C++ kernel (`cpu_kernels.transpose_matrix`): on the Xeon with
+      AMX the 151,936-row head at 32 rows streams at ~20 GB/s this way against ~13 GB/s for F.linear's
+      x W^T (docs/BENCHMARKS.md, "Real-size models"); in bf16 a row's result is the same in any batch;
     - "torch": F.linear on the plain weight.
 
     Whichever path, one copy of the weight stays: `prepack` drops the plain weight for the two packed
     layouts (unless another module still shares it). A tied LM head can take "ours" or "torch" only, whose
-    layouts the embedding lookup can read (`rows`), so the vocabulary table is held once (TiedEmbedding).
+    layouts the embedding lookup can read (`rows`), "transposed" or "torch" (the plain weight), so the vocabulary
+    table is held once (TiedEmbedding).
     """
 
     packed: torch.Tensor | None = None  # oneDNN's opaque prepacked weight
@@ -228,7 +233,9 @@ class Linear(nn.Linear):
         weight = self.weight
         ours = weight.dtype == torch.bfloat16 and self.in_features % 2 == 0 and cpu_kernels.has_bf16_linear()
         onednn = not tied and can_prepack(weight.device, weight.dtype)
-        return tuple(p for p, can in (("ours", ours), ("onednn", onednn), ("torch", True)) if can)
+        transposed = weight.device.type == "cpu" and weight.element_size() in (2, 4) and cpu_kernels.available()
+        candidates = (("ours", ours), ("onednn", onednn), ("transposed", transposed), ("torch", True))
+        return tuple(p for p, can in candidates if can)
 
     def prepack(self, path: str, batch_size_hint: int = 64) -> None:
         """Lay the weight out for `path` (one of self.paths()) once; the plain copy goes unless path is torch."""
@@ -237,7 +244,7 @@ class Linear(nn.Linear):
             self.packed_bf16 = cpu_kernels.pack_bf16_linear(weight)
         elif path == "onednn":
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_size=batch_size_hint)
-        if path != "torch":
+        if path not in ("transposed", "torch"):
             self.weight = None  # frees the plain copy unless a tied module still holds it
         self.path = path
         self.pad_rows = row_padding.pads_rows(path, weight.dtype, weight.device)
@@ -253,7 +260,18 @@ class Linear(nn.Linear):
             return self.forward(padded)[: x.shape[0]]  # a bucket size pads to itself: one level
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.path == "transposed" and x.dim() == 2:
+            return self._transposed(x)
         return F.linear(x, self.weight, self.bias)
+
+    def _transposed(self, x: torch.Tensor) -> torch.Tensor:  # x [T, in] -> [T, out]
+        """(W x^T)^T: the weight streams as the GEMM's left operand; one rounding, as F.linear."""
+        xt = x.t()  # [in, T]
+        if self.bias is None:
+            product = torch.mm(self.weight, xt)  # [out, T]
+        else:
+            product = torch.addmm(self.bias[:, None], self.weight, xt)  # [out, T]: bias + W x^T
+        return cpu_kernels.transpose_matrix(product)  # [T, out]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> weight rows [T, in], read from whichever layout holds the weight ("ours" or "torch")."""

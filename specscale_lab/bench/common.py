@@ -117,7 +117,7 @@ def add_model_arguments(parser) -> None:
                         help="PRM folder (default: the bundled toy PRM); simulated: also a bundled shape")
     parser.add_argument("--dtype", default="auto", help="model dtype for both models (default: the engine's)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / torch")
+    parser.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / transposed / torch")
     parser.add_argument("--kv-gb", type=float, default=PipelineConfig.generator_kv_gb, help="generator KV pool")
     parser.add_argument("--prm-kv-gb", type=float, default=PipelineConfig.prm_kv_gb, help="PRM KV pool")
     parser.add_argument("--spare-rows", type=int, default=None,

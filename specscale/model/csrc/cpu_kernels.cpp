@@ -1037,6 +1037,41 @@ static int64_t race_one_logits(const T* logits, int64_t V, float inv_temperature
   return best_index;
 }
 
+// ---- transposition ------------------------------------------------------------------------------------
+// src [R, C] -> its transpose [C, R], both contiguous, elements moved as bits (bf16, fp16: 2 bytes; fp32: 4).
+// The "transposed" linear path (model/transformer.py Linear) computes W x^T as [out, rows] and needs it as
+// [rows, out]: torch's strided copy does a [151,936, 32] bf16 head output in ~3 ms and a [151,936, 64] one in
+// ~15 ms (docs/BENCHMARKS.md, "Real-size models"); tiles of TILE x TILE elements keep both sides in L1.
+template <typename E>
+static void transpose_tiles(const E* src, E* dst, int64_t R, int64_t C) {
+  constexpr int64_t TILE = 64;
+  const int64_t row_tiles = (R + TILE - 1) / TILE, col_tiles = (C + TILE - 1) / TILE;
+  at::parallel_for(0, row_tiles * col_tiles, std::max<int64_t>(1, task_elements() / (TILE * TILE)),
+                   [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t r0 = (tile / col_tiles) * TILE, c0 = (tile % col_tiles) * TILE;
+      const int64_t r1 = std::min(r0 + TILE, R), c1 = std::min(c0 + TILE, C);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r) dst[c * R + r] = src[r * C + c];  // dst row c, contiguous in r
+    }
+  });
+}
+
+torch::Tensor transpose_matrix(torch::Tensor src) {
+  TORCH_CHECK(src.dim() == 2 && src.is_contiguous() && src.device().is_cpu(),
+              "transpose_matrix: a contiguous CPU matrix expected");
+  auto dst = torch::empty({src.size(1), src.size(0)}, src.options());
+  const int64_t R = src.size(0), C = src.size(1);
+  if (src.element_size() == 2) {
+    transpose_tiles(static_cast<const uint16_t*>(src.data_ptr()), static_cast<uint16_t*>(dst.data_ptr()), R, C);
+  } else if (src.element_size() == 4) {
+    transpose_tiles(static_cast<const uint32_t*>(src.data_ptr()), static_cast<uint32_t*>(dst.data_ptr()), R, C);
+  } else {
+    TORCH_CHECK(false, "transpose_matrix: 2- or 4-byte elements expected");
+  }
+  return dst;
+}
+
 torch::Tensor race_sample_logits(torch::Tensor logits, torch::Tensor inv_temperatures, torch::Tensor keys,
                                  int64_t num_draws) {
   // logits [S, V] fp32 / bf16 (filtered tokens -inf); inv_temperatures [S] fp32; keys [S] int64
@@ -1240,5 +1275,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_bf16_linear", &has_bf16_linear, "whether bf16_linear is built (AVX512-BF16)");
   m.def("pack_bf16_linear", &pack_bf16_linear, "a [N, K] bf16 weight in bf16_linear's layout");
   m.def("bf16_linear", &bf16_linear, "x [M, K] @ W^T (+ bias) on a packed bf16 weight (CPU, AVX512-BF16)");
+  m.def("transpose_matrix", &transpose_matrix, "src [R, C] -> its transpose [C, R], contiguous (CPU)");
   m.def("race_sample_logits", &race_sample_logits, "the same race on logits / T in log space (CPU)");
 }
