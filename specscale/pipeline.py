@@ -26,13 +26,15 @@ from specscale.sim.prm_knee import cost_model_knee
 from specscale.sim.row_budget import device_cost_model, resolve_row_budget
 from specscale.stack import DeviceProperties, Stack
 from specscale.verify.prm import Verifier, VerifierConfig
-from specscale.verify.profile import load_lv_threshold, resolve_lv_threshold
+from specscale.verify.profile import load_lv_threshold, profile_at_start, resolve_lv_threshold
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
     """generator / prm: local Hugging Face folders. lv_threshold_tokens None reads the profiler's file
-    (`specscale profile-prm`) for this PRM and device, else falls back to 2048 (verify/profile.py). trust_special_tokens:
+    (`specscale profile-prm`) for this PRM and device; without one, profile_prm profiles the PRM at the
+    pipeline's start and caches the file (SPEC 3.3: the system finds the threshold itself), else the knee on
+    the device's cost model, else 2048 (`device_properties`, verify/profile.py). trust_special_tokens:
     special-token text in questions is read as control tokens (default: plain text; chat_text.py)."""
 
     generator: str = str(TOY_GENERATOR)
@@ -51,6 +53,7 @@ class PipelineConfig:
     seed: int = 0
     trust_special_tokens: bool = False
     kernels: str = "auto"  # EngineConfig.kernels of both engines
+    profile_prm: bool = True  # a PRM never profiled on this device is profiled at start (verify/profile.py)
 
 
 def build_verifier(config: PipelineConfig) -> Verifier:
@@ -62,8 +65,11 @@ def build_verifier(config: PipelineConfig) -> Verifier:
     ), trust_special_tokens=config.trust_special_tokens))
 
 
-def device_properties(config: PipelineConfig) -> DeviceProperties:
-    """The config's device properties, through the resolvers the simulated stack uses too (stack.py)."""
+def device_properties(config: PipelineConfig, prm_is_local: bool = True) -> DeviceProperties:
+    """The config's device properties, through the resolvers the simulated stack uses too (stack.py). A local
+    PRM with no profile on this device is profiled now when config.profile_prm (before any engine is built);
+    a PRM served elsewhere (docs/scale-out.md) is not profiled here: its profile file if this machine has one,
+    else the cost model's knee."""
     name = torch.cuda.get_device_name(config.device) if config.device.startswith("cuda") else None
     generator = ModelProfile.load(config.generator, None if config.generator_dtype == "auto" else config.generator_dtype)
     cost_model = device_cost_model(config.device, name)
@@ -71,6 +77,8 @@ def device_properties(config: PipelineConfig) -> DeviceProperties:
                                     load_row_budget(config.generator, config.device))
     override = config.lv_threshold_tokens
     profiled = None if override is not None else load_lv_threshold(config.prm, config.device)
+    if override is None and profiled is None and config.profile_prm and prm_is_local:
+        profiled = profile_at_start(config.prm, config.prm_dtype, config.device)
     modelled = None
     if override is None and profiled is None and cost_model is not None:  # never profiled here: the cost model's knee
         prm = ModelProfile.load(config.prm, None if config.prm_dtype == "auto" else config.prm_dtype)
@@ -84,7 +92,7 @@ class Pipeline(Stack):
 
     def __init__(self, config: PipelineConfig = PipelineConfig(), clock=None, verifier: VerifierBackend | None = None):
         self.config = config
-        device = device_properties(config)
+        device = device_properties(config, prm_is_local=verifier is None)
         engine = Engine(EngineConfig(
             model=config.generator, dtype=config.generator_dtype, device=config.device,
             kv_cache_memory_gb=config.generator_kv_gb, max_num_seqs=config.max_num_seqs, seed=config.seed,

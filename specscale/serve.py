@@ -64,7 +64,11 @@ def add_serve(sub) -> None:
     p.add_argument("--generator-kv-gb", type=float, default=defaults.generator_kv_gb)
     p.add_argument("--prm-kv-gb", type=float, default=defaults.prm_kv_gb)
     p.add_argument("--lv-threshold-tokens", type=int, default=None,
-                   help=f"lazy-verification threshold (default: the PRM profile's, else {DEFAULT_LV_THRESHOLD})")
+                   help="lazy-verification threshold (default: the PRM's profile on this device, measured at the "
+                        f"first start; else the cost model's knee, else {DEFAULT_LV_THRESHOLD})")
+    p.add_argument("--no-profile-prm", dest="profile_prm", action="store_false",
+                   help="do not profile a PRM never profiled on this device at start (SPEC 3.3); its LV threshold is "
+                        "then the device cost model's knee")
     p.add_argument("--device", default=defaults.device)
     p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / transposed / torch")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -128,7 +132,7 @@ def pipeline_config(args) -> PipelineConfig:
         generator=args.generator, prm=args.prm, device=args.device, generator_kv_gb=args.generator_kv_gb,
         prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency, lv_threshold_tokens=args.lv_threshold_tokens,
         system_prompt=args.system_prompt, seed=args.seed, trust_special_tokens=args.trust_special_tokens,
-        kernels=args.kernels,
+        kernels=args.kernels, profile_prm=args.profile_prm,
     )
 
 

@@ -60,8 +60,9 @@ def test_the_lv_resolver_prefers_the_override_then_the_profile_then_the_cost_mod
 
 
 def test_a_prm_never_profiled_here_takes_its_knee_on_the_device_cost_model(monkeypatch, tmp_path):
-    """No profile file for this PRM and device: the real stack's threshold is the knee the simulator computes
-    for the same PRM shape on the same device's cost model (the bundled CPU profile), not the A100 default."""
+    """No profile file for this PRM and device, and no profiling at start (`--no-profile-prm`): the real stack's
+    threshold is the knee the simulator computes for the same PRM shape on the same device's cost model (the
+    bundled CPU profile), not the A100 default."""
     from specscale.pipeline import device_properties
     from specscale.sim.model_profile import ModelProfile
     from specscale.sim.prm_knee import cost_model_knee
@@ -69,13 +70,38 @@ def test_a_prm_never_profiled_here_takes_its_knee_on_the_device_cost_model(monke
 
     monkeypatch.setenv("SPECSCALE_PRM_PROFILE_DIR", str(tmp_path))  # no profile-prm file
     expected = cost_model_knee(device_cost_model("cpu"), ModelProfile.load(str(TOY_PRM)))
-    assert device_properties(PipelineConfig()).lv_threshold_tokens == expected
+    assert device_properties(PipelineConfig(profile_prm=False)).lv_threshold_tokens == expected
+    assert device_properties(PipelineConfig(), prm_is_local=False).lv_threshold_tokens == expected  # served elsewhere
+    assert not list(tmp_path.iterdir())  # neither profiled the PRM
     simulated = Simulation(SimulationConfig(hardware="cpu", generator=str(TOY_GENERATOR), prm=str(TOY_PRM),
                                             workload=TOY))
     try:
         assert simulated.lv_threshold_tokens == expected
     finally:
         simulated.close()
+    assert device_properties(PipelineConfig(lv_threshold_tokens=640)).lv_threshold_tokens == 640
+
+
+def test_a_prm_never_profiled_here_is_profiled_at_the_first_start_and_read_at_the_next(monkeypatch, tmp_path):
+    """SPEC 3.3: the system profiles the PRM itself, once per model and device. The first pipeline start
+    measures it (on an engine of its own, freed before the pipeline's engines), caches the profile where
+    `specscale profile-prm` writes it and takes its knee; the next start reads the file and measures nothing."""
+    import json
+
+    from specscale.pipeline import device_properties
+
+    monkeypatch.setenv("SPECSCALE_PRM_PROFILE_DIR", str(tmp_path))
+    threshold = device_properties(PipelineConfig()).lv_threshold_tokens
+    written = json.loads(profile.default_profile_path(TOY_PRM, "cpu").read_text())
+    assert threshold == written["threshold"] == profile.knee(profile.PRMProfile.from_json(written).points)
+    assert [point["batch_tokens"] for point in written["points"]] == list(profile.DEFAULT_BATCH_TOKENS)
+    assert all(len(point["seconds"]) == profile.START_REPEATS for point in written["points"])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("profiled again")
+
+    monkeypatch.setattr(profile, "profile_prm", refuse)
+    assert device_properties(PipelineConfig()).lv_threshold_tokens == threshold
     assert device_properties(PipelineConfig(lv_threshold_tokens=640)).lv_threshold_tokens == 640
 
 

@@ -13,13 +13,15 @@ model and device:
 - the knee is the smallest batch whose median throughput reaches 90% of the peak: the default
   lazy-verification threshold, stored in a small JSON file the search reads with `load_lv_threshold`.
 
-`specscale profile-prm` (see `run_profile_prm`) prints the table and writes the JSON and a PNG plot.
+`specscale profile-prm` (see `run_profile_prm`) prints the table and writes the JSON and a PNG plot; a
+pipeline whose PRM has no profile on its device runs the same measurement at its start (`profile_at_start`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import statistics
@@ -33,6 +35,9 @@ import torch
 from specscale.config import EngineConfig
 from specscale.engine.engine import Engine
 from specscale.engine.sequence import FinishReason
+from specscale.model.loader import read_hf_config
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_TOKENS = (256, 512, 1024, 2048, 4096, 8192)
 QUICK_BATCH_TOKENS = (16, 32, 64, 128)
@@ -162,8 +167,36 @@ def load_lv_threshold(model: str | Path, device: str | None = None) -> int | Non
 
 
 def save_profile(profile: PRMProfile, path: Path) -> None:
+    """Write the profile whole or not at all (a temporary file renamed over it): processes starting together
+    read either no file or a complete one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+# a PRM profiled by the system at its first start (`profile_at_start`): fewer repeats than `specscale profile-prm`
+START_REPEATS = 3
+
+
+def profile_at_start(model: str | Path, dtype: str, device: str, progress=None) -> int | None:
+    """SPEC 3.3: the LV threshold is found by profiling the PRM once per model and device, which the system
+    does itself. A PRM with no profile on this device is profiled now (DEFAULT_BATCH_TOKENS, START_REPEATS, on
+    an engine of its own that is gone before the caller builds its engines) and the profile is cached where
+    `specscale profile-prm` writes it; returns its knee. None when the PRM's context is shorter than one
+    profiled sequence (the caller falls back to the cost model's knee)."""
+    config = ProfileConfig(model=str(model), repeats=START_REPEATS, dtype=dtype, device=device)
+    max_positions = read_hf_config(model).get("max_position_embeddings")
+    if isinstance(max_positions, int) and config.context_tokens + config.step_tokens > max_positions:
+        log.warning("PRM %s: a context of %d positions is too short to profile; LV threshold from the cost model",
+                    model, max_positions)
+        return None
+    log.info("PRM %s was never profiled on %s: profiling it once (the LV threshold, SPEC 3.3)", model,
+             device_label(device))
+    profile = profile_prm(config, progress)
+    save_profile(profile, default_profile_path(model, device))
+    log.info("PRM %s: LV threshold %d tokens (profile cached in %s)", model, profile.threshold, cache_dir())
+    return profile.threshold
 
 
 # ---- measuring -------------------------------------------------------------------------------------

@@ -124,7 +124,10 @@ def add_model_arguments(parser) -> None:
                         help="speculative rows only fill an iteration up to this many rows (default: the device's budget on its "
                              "cost model, sim/row_budget.py; no cap on a device without one)")
     parser.add_argument("--lv-threshold", type=int, default=None,
-                        help="lazy-verification threshold in PRM tokens (default: the profiled one, else 2048)")
+                        help="lazy-verification threshold in PRM tokens (default: the PRM's profile on this device, "
+                             "measured at the first start; else the cost model's knee, else 2048)")
+    parser.add_argument("--no-profile-prm", dest="profile_prm", action="store_false",
+                        help="do not profile a PRM never profiled on this device at start")
 
 
 def int_list(text: str) -> list[int]:
@@ -163,7 +166,8 @@ def open_pipeline(args, **config) -> Pipeline:
     return Pipeline(PipelineConfig(
         generator=args.generator, prm=args.prm, generator_dtype=args.dtype, prm_dtype=args.dtype,
         generator_kv_gb=args.kv_gb, prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency,
-        lv_threshold_tokens=args.lv_threshold, spare_rows=args.spare_rows, kernels=args.kernels, **config,
+        lv_threshold_tokens=args.lv_threshold, spare_rows=args.spare_rows, kernels=args.kernels,
+        profile_prm=getattr(args, "profile_prm", True), **config,
     ))
 
 
