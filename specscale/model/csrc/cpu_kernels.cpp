@@ -1041,16 +1041,18 @@ static int64_t race_one_logits(const T* logits, int64_t V, float inv_temperature
 // src [R, C] -> its transpose [C, R], both contiguous, elements moved as bits (bf16, fp16: 2 bytes; fp32: 4).
 // The "transposed" linear path (model/transformer.py Linear) computes W x^T as [out, rows] and needs it as
 // [rows, out]: torch's strided copy does a [151,936, 32] bf16 head output in ~3 ms and a [151,936, 64] one in
-// ~15 ms (docs/BENCHMARKS.md, "Real-size models"); tiles of TILE x TILE elements keep both sides in L1.
+// ~12 ms (docs/BENCHMARKS.md, "Real-size models"). A tile is TILE_ROWS source rows x up to TILE_COLS columns,
+// 16 KB of bf16 (32 KB of fp32): it stays in the L1 cache while each of its columns is read out (a 64 KB tile
+// did not, and a [151,936, 64] source took 10 ms instead of ~2), and each destination row gets a 512-byte run.
 template <typename E>
 static void transpose_tiles(const E* src, E* dst, int64_t R, int64_t C) {
-  constexpr int64_t TILE = 64;
-  const int64_t row_tiles = (R + TILE - 1) / TILE, col_tiles = (C + TILE - 1) / TILE;
-  at::parallel_for(0, row_tiles * col_tiles, std::max<int64_t>(1, task_elements() / (TILE * TILE)),
+  constexpr int64_t TILE_ROWS = 256, TILE_COLS = 32;
+  const int64_t row_tiles = (R + TILE_ROWS - 1) / TILE_ROWS, col_tiles = (C + TILE_COLS - 1) / TILE_COLS;
+  at::parallel_for(0, row_tiles * col_tiles, std::max<int64_t>(1, task_elements() / (TILE_ROWS * TILE_COLS)),
                    [&](int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile) {
-      const int64_t r0 = (tile / col_tiles) * TILE, c0 = (tile % col_tiles) * TILE;
-      const int64_t r1 = std::min(r0 + TILE, R), c1 = std::min(c0 + TILE, C);
+      const int64_t r0 = (tile / col_tiles) * TILE_ROWS, c0 = (tile % col_tiles) * TILE_COLS;
+      const int64_t r1 = std::min(r0 + TILE_ROWS, R), c1 = std::min(c0 + TILE_COLS, C);
       for (int64_t c = c0; c < c1; ++c)
         for (int64_t r = r0; r < r1; ++r) dst[c * R + r] = src[r * C + c];  // dst row c, contiguous in r
     }
