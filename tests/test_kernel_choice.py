@@ -126,6 +126,10 @@ def test_the_transposed_path_equals_f_linear_and_gives_a_row_the_same_result_in_
 def engine_logits(path, dtype: str, kernels, prompts) -> list[torch.Tensor]:
     """Head outputs at every prompt position (prefill), then 6 greedy decode steps' logits per prompt."""
     engine = Engine(EngineConfig(model=str(path), dtype=dtype, num_kv_blocks=64, block_size=4, kernels=kernels))
+    return engine_logits_on(engine, prompts)
+
+
+def engine_logits_on(engine, prompts) -> list[torch.Tensor]:
     recorded: dict[int, list[torch.Tensor]] = {}
     original = engine._sample_and_append
 
@@ -218,12 +222,38 @@ def test_attention_takes_the_faster_measured_path_and_caches_it(tmp_path):
     from specscale.model.kernel_choice import AttentionShape
 
     shape = AttentionShape(14, 2, 64, "bfloat16")
-    timings = {"decode": {"cpp": 1.5, "torch": 1.0}, "prefill": {"cpp": 1.2, "torch": 1.0}}  # torch 1.5x / 1.2x
+    timings = {"decode": {"cpp": 1.5, "torch": 1.0}, "prefill": {"cpp": 1.2, "torch": 1.0},  # torch 1.5x / 1.2x
+               "short-prefill": {"cpp": 0.8, "torch": 1.0}}
     choice = KernelChoice("auto", MACHINE, tmp_path, refuse, lambda s, kind: timings[kind])
     assert choice.attention_path(shape, "decode") == "cpp"  # within the decode margin: the C++ kernels stay
     assert choice.attention_path(shape, "prefill") == "torch"  # prefill: the faster path, no margin
+    assert choice.attention_path(shape, "short-prefill") == "cpp"  # short prefills are timed apart
     again = KernelChoice("auto", MACHINE, tmp_path, refuse, lambda s, kind: pytest.fail("cached"))
     assert again.attention_path(shape, "prefill") == "torch" and again.timings_taken == 0
+    assert again.attention_path(shape, "short-prefill") == "cpp"
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the torch path is used")
+def test_a_batch_of_short_prefills_takes_the_short_prefill_path_and_the_logits_agree(qwen2_dir):
+    """A batch whose rows bring at most SHORT_PREFILL_MAX_TOKENS new tokens runs the path measured for short
+    prefills, a longer one the path measured for long ones; either way the logits are the plain-torch ones."""
+    from types import SimpleNamespace
+
+    from specscale.model.kernel_choice import SHORT_PREFILL_MAX_TOKENS
+
+    engine = Engine(EngineConfig(model=str(qwen2_dir), dtype="float32", num_kv_blocks=64, block_size=4))
+    runner = engine.runner
+    runner.use_cpu_kernels, runner.use_prefill_kernel, runner.use_short_prefill_kernel = True, False, True
+    rows = lambda *counts: [SimpleNamespace(num_tokens=n) for n in counts]  # noqa: E731
+    assert runner._prefill_kernel_for(rows(3, SHORT_PREFILL_MAX_TOKENS)) is True
+    assert runner._prefill_kernel_for(rows(3, SHORT_PREFILL_MAX_TOKENS + 1)) is False
+    assert "cpp to 64 new tokens a row, torch above" in runner.kernels()["prefill_attention"]
+    long_batch, short_batch = [list(range(5, 5 + SHORT_PREFILL_MAX_TOKENS + 9))], [[7, 8, 9], list(range(30, 70))]
+    reference = [*engine_logits(qwen2_dir, "float32", "torch", long_batch),
+                 *engine_logits(qwen2_dir, "float32", "torch", short_batch)]
+    split = [*engine_logits_on(engine, long_batch), *engine_logits_on(engine, short_batch)]
+    for ours, exact in zip(split, reference, strict=True):
+        assert (ours - exact).abs().max().item() <= 1e-4 * exact.abs().max().item()
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler: the torch path is used")
@@ -232,7 +262,7 @@ def test_the_real_attention_timer_runs_both_paths():
     from specscale.model.kernel_timing import time_attention
 
     shape = AttentionShape(4, 2, 64, "float32")
-    for kind in ("decode", "prefill"):
+    for kind in ("decode", "prefill", "short-prefill"):
         times = time_attention(shape, kind)
         assert set(times) == {"cpp", "torch"} and all(0 < t < 1 for t in times.values())
 

@@ -15,7 +15,7 @@ from specscale.engine.model_runner import ModelRunner, RunnerOutput, head_layout
 from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
 from specscale.model import cpu_kernels
 from specscale.model.attention import AttentionMetadata, padded_prefill_metadata
-from specscale.model.kernel_choice import AttentionShape, KernelChoice
+from specscale.model.kernel_choice import SHORT_PREFILL_MAX_TOKENS, AttentionShape, KernelChoice
 from specscale.model.loader import load_model, read_hf_config
 from specscale.model.memory import ModelMemory, tensors_bytes, weight_bytes
 from specscale.model.transformer import ModelArgs
@@ -47,6 +47,7 @@ class TorchModelRunner(ModelRunner):
         ]
         self.use_cpu_kernels = self._choose_backend(attention_backend)
         self.use_prefill_kernel = self.use_cpu_kernels and cpu_kernels.has_prefill_kernel(args.head_dim)
+        self.use_short_prefill_kernel = self.use_prefill_kernel  # batches of short rows (SHORT_PREFILL_MAX_TOKENS)
         if attention_backend == "auto" and self.use_cpu_kernels and hasattr(model, "kernel_choice"):
             self._measure_attention(model.kernel_choice, args)
 
@@ -79,14 +80,18 @@ class TorchModelRunner(ModelRunner):
         it; the prefill kernel on its own) where they measure faster than plain torch here."""
         shape = AttentionShape(args.num_heads, args.num_kv_heads, args.head_dim, str(self.dtype).removeprefix("torch."))
         self.use_cpu_kernels = choice.attention_path(shape, "decode") == "cpp"
-        self.use_prefill_kernel = self.use_prefill_kernel and self.use_cpu_kernels and \
-            choice.attention_path(shape, "prefill") == "cpp"
+        can_prefill = self.use_prefill_kernel and self.use_cpu_kernels
+        self.use_prefill_kernel = can_prefill and choice.attention_path(shape, "prefill") == "cpp"
+        self.use_short_prefill_kernel = can_prefill and choice.attention_path(shape, "short-prefill") == "cpp"
 
     def kernels(self) -> dict:
         report = getattr(self.model, "kernel_choice", None)  # a model built without load_model has none
         paths = report.report() if report is not None else {}
-        return paths | {"attention": "cpp" if self.use_cpu_kernels else "torch",
-                        "prefill_attention": "cpp" if self.use_prefill_kernel else "torch"}
+        name = {True: "cpp", False: "torch"}
+        prefill = name[self.use_prefill_kernel]
+        if self.use_short_prefill_kernel != self.use_prefill_kernel:
+            prefill = f"{name[self.use_short_prefill_kernel]} to {SHORT_PREFILL_MAX_TOKENS} new tokens a row, {prefill} above"
+        return paths | {"attention": name[self.use_cpu_kernels], "prefill_attention": prefill}
 
     def memory(self) -> ModelMemory:
         rotary = self.model.rotary
@@ -128,13 +133,14 @@ class TorchModelRunner(ModelRunner):
             pos += span
             slots += [table[p // bs] * bs + p % bs for p in span]
         device = self.device
+        prefill_kernel = self._prefill_kernel_for(batch.prefill_rows)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             num_decode_tokens=len(batch.decode_rows),
             **self._decode_metadata(batch.decode_rows),
-            **self._prefill_metadata(batch.prefill_rows),
+            **self._prefill_metadata(batch.prefill_rows, prefill_kernel),
             use_cpu_kernels=self.use_cpu_kernels,
-            use_prefill_kernel=self.use_prefill_kernel,
+            use_prefill_kernel=prefill_kernel,
         )
         return torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(pos, dtype=torch.long, device=device), meta
 
@@ -150,10 +156,16 @@ class TorchModelRunner(ModelRunner):
         lens = torch.tensor([row.end for row in rows], dtype=dtype, device=self.device)
         return {"decode_block_tables": self._block_tables(rows, dtype), "decode_context_lens": lens}
 
-    def _prefill_metadata(self, rows: list[ScheduledRow]) -> dict:
+    def _prefill_kernel_for(self, rows: list[ScheduledRow]) -> bool:
+        """Whether this batch's prefill rows run the C++ kernel: the path measured for short prefills when no
+        row brings more than SHORT_PREFILL_MAX_TOKENS new tokens, else the one measured for long ones."""
+        short = bool(rows) and max(row.num_tokens for row in rows) <= SHORT_PREFILL_MAX_TOKENS
+        return self.use_short_prefill_kernel if short else self.use_prefill_kernel
+
+    def _prefill_metadata(self, rows: list[ScheduledRow], use_kernel: bool) -> dict:
         if not rows:
             return {"prefill_block_tables": None, "prefill_mask": None, "prefill_query_index": None, "prefill_query_len": 0}
-        if self.use_prefill_kernel:  # the kernel masks causally itself: no padded grid, no mask
+        if use_kernel:  # the kernel masks causally itself: no padded grid, no mask
             return {
                 "prefill_block_tables": self._block_tables(rows, torch.int32),
                 "prefill_mask": None,

@@ -77,9 +77,15 @@ ATTENTION_PATHS = ("cpp", "torch")  # the C++ kernels (model/cpu_kernels.py) or 
 # torch replaces the C++ kernels only when it measures this many times faster: for decode by a margin (one
 # stalled timing must not switch off every fused op that goes with the decode kernel), for prefill (the kernel
 # alone) when it is faster at all
-ATTENTION_MARGIN = {"decode": 2.0, "prefill": 1.0}
+ATTENTION_MARGIN = {"decode": 2.0, "prefill": 1.0, "short-prefill": 1.0}
 # the batches attention is timed on: 32 decode rows on 256-token contexts; 8 x 128 new tokens on 256 cached
 DECODE_ROWS, PREFILL_ROWS, NEW_TOKENS, CONTEXT_TOKENS, BLOCK_TOKENS = 32, 8, 128, 256, 16
+# A short prefill is a batch whose longest row brings at most SHORT_PREFILL_MAX_TOKENS new tokens: a search's
+# PRM calls (a step or two per path on a cached question and earlier steps). Its path is timed apart, on
+# 8 x SHORT_NEW_TOKENS new tokens on SHORT_CONTEXT_TOKENS cached: on the Xeon with AMX SDPA wins the long
+# prefills (15-20 against 46 ms at 4 x 1024) and the C++ kernel the short ones (the search's PRM time -23%,
+# docs/BENCHMARKS.md, "Speculative search on this CPU").
+SHORT_PREFILL_MAX_TOKENS, SHORT_NEW_TOKENS, SHORT_CONTEXT_TOKENS = 64, 32, 384
 AttentionTimer = Callable[[AttentionShape, str], dict[str, float]]
 
 # (shape, paths, buckets) -> path -> rows -> seconds of one call
@@ -158,7 +164,7 @@ class KernelChoice:
         return path
 
     def attention_path(self, shape: AttentionShape, kind: str) -> str:
-        """"cpp" or "torch" for decode or prefill attention (kind): the C++ kernel unless torch measures
+        """"cpp" or "torch" for decode, prefill or short-prefill attention (kind): the C++ kernel unless torch measures
         ATTENTION_MARGIN[kind] times faster here (cached like the linears; the kernels must have built, and for
         prefill support the head size). The decode choice carries the fused norm / RoPE / activation ops."""
         entry = lambda path: f"{kind} attention {shape.key}|{path}"  # noqa: E731

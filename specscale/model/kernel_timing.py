@@ -22,6 +22,8 @@ from specscale.model.kernel_choice import (
     MIN_ROUNDS,
     NEW_TOKENS,
     PREFILL_ROWS,
+    SHORT_CONTEXT_TOKENS,
+    SHORT_NEW_TOKENS,
     AttentionShape,
     KernelChoice,
     LinearShape,
@@ -129,9 +131,15 @@ def linear_on_path(shape: LinearShape, path: str):
 
 @torch.inference_mode()
 def time_attention(shape: AttentionShape, kind: str) -> dict[str, float]:
-    """Seconds of one decode (DECODE_ROWS rows) or prefill (PREFILL_ROWS x NEW_TOKENS) attention call on
-    CONTEXT_TOKENS-token contexts, per path: the fastest of interleaved rounds, as time_paths."""
-    calls = decode_calls(shape) if kind == "decode" else prefill_calls(shape)
+    """Seconds of one decode (DECODE_ROWS rows on CONTEXT_TOKENS-token contexts), prefill (PREFILL_ROWS x
+    NEW_TOKENS on CONTEXT_TOKENS) or short-prefill (PREFILL_ROWS x SHORT_NEW_TOKENS on SHORT_CONTEXT_TOKENS)
+    attention call, per path: the fastest of interleaved rounds, as time_paths."""
+    if kind == "decode":
+        calls = decode_calls(shape)
+    elif kind == "short-prefill":
+        calls = prefill_calls(shape, SHORT_NEW_TOKENS, SHORT_CONTEXT_TOKENS)
+    else:
+        calls = prefill_calls(shape, NEW_TOKENS, CONTEXT_TOKENS)
     times: dict[str, list[float]] = {path: [] for path in calls}
     start = time.perf_counter()
     for round_ in range(MAX_ROUNDS + 1):
@@ -162,10 +170,11 @@ def decode_calls(shape: AttentionShape) -> dict[str, Callable[[], torch.Tensor]]
             "torch": lambda: decode_attention(q, key_cache, value_cache, tables.long(), lens.long(), scale, False)}
 
 
-def prefill_calls(shape: AttentionShape) -> dict[str, Callable[[], torch.Tensor]]:
-    (key_cache, value_cache), tables = random_caches(shape, PREFILL_ROWS, CONTEXT_TOKENS + NEW_TOKENS)
-    q = torch.randn(PREFILL_ROWS * NEW_TOKENS, shape.heads, shape.head_dim).to(getattr(torch, shape.dtype))
-    starts, counts = torch.full((PREFILL_ROWS,), CONTEXT_TOKENS), torch.full((PREFILL_ROWS,), NEW_TOKENS)
+def prefill_calls(shape: AttentionShape, new_tokens: int, context: int) -> dict[str, Callable[[], torch.Tensor]]:
+    """PREFILL_ROWS sequences, each adding new_tokens to `context` cached ones."""
+    (key_cache, value_cache), tables = random_caches(shape, PREFILL_ROWS, context + new_tokens)
+    q = torch.randn(PREFILL_ROWS * new_tokens, shape.heads, shape.head_dim).to(getattr(torch, shape.dtype))
+    starts, counts = torch.full((PREFILL_ROWS,), context), torch.full((PREFILL_ROWS,), new_tokens)
     common = {"slot_mapping": starts, "num_decode_tokens": 0, "decode_block_tables": None, "decode_context_lens": None}
     kernel = AttentionMetadata(**common, prefill_block_tables=tables, prefill_mask=None, prefill_query_index=None,
                                prefill_query_len=0, prefill_starts=starts, prefill_counts=counts,

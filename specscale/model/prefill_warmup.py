@@ -31,15 +31,16 @@ def warm(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, max_query
 
 
 def warm_engines(engines: Iterable) -> int:
-    """`warm` every engine whose model runs the torch prefill path on CPU, up to its longest prefill chunk
-    (EngineConfig.max_num_batched_tokens) and context (max_model_len); the SDPA calls. Call it on the thread
-    that will run the engines."""
+    """`warm` every engine whose model runs the torch prefill path on CPU (for long or short prefills), up to its
+    longest prefill chunk (EngineConfig.max_num_batched_tokens) and context (max_model_len); the SDPA calls.
+    Call it on the thread that will run the engines."""
     done: set[tuple] = set()
     calls = 0
     for engine in engines:
         runner = engine.runner
         model = getattr(runner, "model", None)
-        if model is None or getattr(runner, "use_prefill_kernel", True) or not pads_sdpa(runner.device):
+        on_kernel = getattr(runner, "use_prefill_kernel", True) and getattr(runner, "use_short_prefill_kernel", True)
+        if model is None or on_kernel or not pads_sdpa(runner.device):
             continue
         args = model.args
         max_query = min(engine.config.max_num_batched_tokens, engine.max_model_len)
