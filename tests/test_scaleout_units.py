@@ -233,6 +233,17 @@ def test_the_ingress_counts_a_forwarded_stream_by_how_it_ended():
     _run(first_chunk_only())
     assert tuple(stream_outcome(search, route).labels().values()) == (route, "cancelled", "499", "client_closed")
 
+    search, _, _ = _forwarded([ScriptedCall([StreamOpened("a"), *chunks])])  # it left once it had read [DONE]
+
+    async def until_done():
+        await search.open()
+        async for chunk in search.chunks():
+            if chunk == "data: [DONE]\n\n":
+                break  # the proxy cancels the stream before the replica's call has ended
+
+    _run(until_done())
+    assert tuple(stream_outcome(search, route).labels().values()) == (route, "completed", "200", "")
+
 
 def test_the_ingress_exposes_its_request_counts_beside_the_replicas_series():
     """The replicas count no request outcome (the ingress sees each request's end, re-runs included): the

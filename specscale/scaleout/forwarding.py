@@ -100,8 +100,8 @@ class ForwardedSearch:
                     lost = self._lost(item)
                     self.stream_error = (lost.status, lost.body["error"]["code"])
                     yield sse(lost.body)
+                    self.stream_finished = True  # before [DONE]: its client may go away once it has read it
                     yield DONE
-                    self.stream_finished = True
                     return
                 continue
             if skip:
@@ -109,6 +109,8 @@ class ForwardedSearch:
                 continue
             sent += 1
             self.stream_error = self.stream_error or error_event(item)
+            if item == DONE:  # the stream is whole once [DONE] is handed on: a client that has read it may go
+                self.stream_finished = True  # away before the call's end arrives, and the proxy cancels us then
             yield item
 
     async def _resume(self, lost: ReplicaLost, sent: int) -> int | None:
