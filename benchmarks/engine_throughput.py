@@ -415,7 +415,7 @@ def gemm_peak(dtype: str, device: str, out_features: int, in_features: int, kern
     allocator, caches)."""
     from specscale.model.kernel_choice import ROW_BUCKETS
     from specscale.model.kernel_timing import measured_choice
-    from specscale.model.transformer import Linear
+    from specscale.model.linear import Linear
 
     torch_dtype = getattr(torch, dtype)
     linear = Linear(in_features, out_features, bias=False).to(device=device, dtype=torch_dtype)

@@ -2,7 +2,7 @@
 
 A decode step multiplies the [rows, hidden] activations by the [vocabulary, hidden] head weight. `F.linear`
 computes x·Wᵀ; `torch.mm(W, xᵀ)` computes the same product with the weight as the GEMM's row-major left
-operand and returns it as [vocabulary, rows], which the "transposed" path (model/transformer.py `Linear`)
+operand and returns it as [vocabulary, rows], which the "transposed" path (model/linear.py `Linear`)
 turns back into [rows, vocabulary] with our tiled C++ transposition (`cpu_kernels.transpose_matrix`).
 Prints, per row count, the median milliseconds of: F.linear; W·xᵀ alone; W·xᵀ plus our transposition (the
 path as the engine runs it); and torch's strided copy of the transposition alone, for comparison. Before every

@@ -526,8 +526,8 @@ def memory_probe(args, out: Path) -> int:
 def memory_probe_run(args) -> None:
     import torch
 
+    from specscale.model.linear import Linear
     from specscale.model.row_padding import padded_rows
-    from specscale.model.transformer import Linear
 
     torch.set_num_threads(args.threads or 2)
     linear = Linear(PROBE_SHAPE[1], PROBE_SHAPE[0], bias=False).to(torch.bfloat16)

@@ -33,7 +33,7 @@ from specscale.verify.profile import load_lv_threshold, profile_at_start, resolv
 class PipelineConfig:
     """generator / prm: local Hugging Face folders. lv_threshold_tokens None reads the profiler's file
     (`specscale profile-prm`) for this PRM and device; without one, profile_prm profiles the PRM at the
-    pipeline's start and caches the file (SPEC 3.3: the system finds the threshold itself), else the knee on
+    pipeline's start and caches the file (the system finds the threshold itself: docs/design.md), else the knee on
     the device's cost model, else 2048 (`device_properties`, verify/profile.py). trust_special_tokens:
     special-token text in questions is read as control tokens (default: plain text; chat_text.py)."""
 

@@ -1,4 +1,4 @@
-"""The bf16 linear kernel (model/cpu_kernels.py `bf16_linear`, model/transformer.py `Linear`).
+"""The bf16 linear kernel (model/cpu_kernels.py `bf16_linear`, model/linear.py `Linear`).
 
 Each output element is the fp32 sum of its K bf16 products (exact in fp32), rounded to bf16 once: it lies
 within half a bf16 ulp of the exact value plus the fp32 summation error. A row's result does not depend on
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specscale.model import cpu_kernels
-from specscale.model.transformer import Linear
+from specscale.model.linear import Linear
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.has_bf16_linear(), reason="needs a CPU with AVX512-BF16")
 

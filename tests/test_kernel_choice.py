@@ -19,9 +19,9 @@ from specscale.config import EngineConfig
 from specscale.engine.engine import Engine
 from specscale.model import cpu_kernels
 from specscale.model.kernel_choice import KernelChoice, LinearShape, bucket_winners, fastest_path
+from specscale.model.linear import Linear
 from specscale.model.loader import load_model
 from specscale.model.machine import MachineFingerprint
-from specscale.model.transformer import Linear
 
 MACHINE = MachineFingerprint(cpu="Test CPU", isa_flags=("avx2", "avx512_bf16"), threads=2, torch_version="t")
 ALL = ("ours", "onednn", "torch")

@@ -9,9 +9,9 @@ from safetensors import safe_open
 from checkpoints import build_checkpoint
 from specscale.config import EngineConfig
 from specscale.engine.engine import Engine
+from specscale.model.linear import Linear, can_prepack
 from specscale.model.loader import load_model
 from specscale.model.memory import process_resident_bytes, weight_bytes
-from specscale.model.transformer import Linear, can_prepack
 
 SHAPE = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=2, tie_word_embeddings=False)  # ~15M parameters, 61 MB in fp32

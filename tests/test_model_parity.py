@@ -106,8 +106,8 @@ def test_cpu_linears_hold_one_copy_on_their_path(qwen2_dir, dtype):
     """On CPU every linear runs one of the paths it can (model/kernel_choice.py) and holds only that path's
     weight: the packed one for ours / oneDNN, the plain one for F.linear (exactness: test_kernel_choice.py,
     test_bf16_linear.py; the parity tests above cover whole models)."""
+    from specscale.model.linear import Linear
     from specscale.model.loader import load_model
-    from specscale.model.transformer import Linear
 
     model = load_model(qwen2_dir, dtype=str(dtype).removeprefix("torch."))
     linears = [m for m in model.modules() if isinstance(m, Linear)]

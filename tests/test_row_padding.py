@@ -1,4 +1,4 @@
-"""Row padding of the linears that run on oneDNN (model/row_padding.py, model/transformer.py `Linear`).
+"""Row padding of the linears that run on oneDNN (model/row_padding.py, model/linear.py `Linear`).
 
 oneDNN caches a JIT primitive per distinct row count; the engine's batches have arbitrary row counts, so the
 rows are padded to 8 sizes per octave (docs/BENCHMARKS.md, "Soak"). Here: the sizes are few, pad little and
@@ -13,8 +13,8 @@ import torch
 
 from specscale.model import row_padding
 from specscale.model.kernel_choice import forced_path
+from specscale.model.linear import Linear
 from specscale.model.row_padding import STEPS_PER_OCTAVE, pad_rows, padded_rows, pads_rows
-from specscale.model.transformer import Linear
 
 
 def test_bucket_sizes_are_few_pad_at_most_an_eighth_and_map_to_themselves():

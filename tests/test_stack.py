@@ -83,7 +83,7 @@ def test_a_prm_never_profiled_here_takes_its_knee_on_the_device_cost_model(monke
 
 
 def test_a_prm_never_profiled_here_is_profiled_at_the_first_start_and_read_at_the_next(monkeypatch, tmp_path):
-    """SPEC 3.3: the system profiles the PRM itself, once per model and device. The first pipeline start
+    """The system profiles the PRM itself (docs/design.md, "Verification"), once per model and device. The first pipeline start
     measures it (on an engine of its own, freed before the pipeline's engines), caches the profile where
     `specscale profile-prm` writes it and takes its knee; the next start reads the file and measures nothing."""
     import json

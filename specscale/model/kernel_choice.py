@@ -3,7 +3,7 @@
 The fastest GEMM depends on the CPU: on an AMD EPYC with AVX512-BF16 and no AMX our bf16 kernel streams the
 weights of a decode step faster than oneDNN, on an Intel Xeon with AMX oneDNN's AMX kernels are several times
 faster than ours (docs/BENCHMARKS.md, "Real-size models"). So no fixed rule: the paths of a linear
-(model/transformer.py `Linear`, LINEAR_PATHS) are timed on this machine for each weight shape at each row
+(model/linear.py `Linear`, LINEAR_PATHS) are timed on this machine for each weight shape at each row
 bucket the engine runs (ROW_BUCKETS for a generator: decode batches and prefill chunks; PREFILL_BUCKETS for
 a PRM, which only prefills), each call on a weight evicted from the caches (a decode step streams every
 weight from memory) by a path warmed up on a twin weight (model/kernel_timing.py). The timings are cached in

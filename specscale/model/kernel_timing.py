@@ -30,7 +30,7 @@ from specscale.model.kernel_choice import (
     parse_attention_key,
     parse_linear_key,
 )
-from specscale.model.transformer import Linear
+from specscale.model.linear import Linear
 
 
 def measured_choice(mode: str) -> KernelChoice:

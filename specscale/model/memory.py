@@ -1,7 +1,7 @@
 """ModelMemory: the bytes one loaded model holds (weights, KV pool, RoPE tables) and the process's RSS.
 
 Weights are counted once per storage, so a tied LM head is not counted twice; a prepacked
-weight (model/transformer.py `Linear`: oneDNN's opaque tensor, or our bf16 layout) counts as its element
+weight (model/linear.py `Linear`: oneDNN's opaque tensor, or our bf16 layout) counts as its element
 count times its element size. `specscale serve` logs these figures at start-up and serves
 them in /health (docs/BENCHMARKS.md, "Real-size models", has the measured figures).
 """

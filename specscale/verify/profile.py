@@ -180,8 +180,8 @@ START_REPEATS = 3
 
 
 def profile_at_start(model: str | Path, dtype: str, device: str, progress=None) -> int | None:
-    """SPEC 3.3: the LV threshold is found by profiling the PRM once per model and device, which the system
-    does itself. A PRM with no profile on this device is profiled now (DEFAULT_BATCH_TOKENS, START_REPEATS, on
+    """The LV threshold is found by profiling the PRM once per model and device, and the system does it itself
+    (docs/design.md, "Verification"). A PRM with no profile on this device is profiled now (DEFAULT_BATCH_TOKENS, START_REPEATS, on
     an engine of its own that is gone before the caller builds its engines) and the profile is cached where
     `specscale profile-prm` writes it; returns its knee. None when the PRM's context is shorter than one
     profiled sequence (the caller falls back to the cost model's knee)."""
@@ -191,7 +191,7 @@ def profile_at_start(model: str | Path, dtype: str, device: str, progress=None) 
         log.warning("PRM %s: a context of %d positions is too short to profile; LV threshold from the cost model",
                     model, max_positions)
         return None
-    log.info("PRM %s was never profiled on %s: profiling it once (the LV threshold, SPEC 3.3)", model,
+    log.info("PRM %s was never profiled on %s: profiling it once (the LV threshold)", model,
              device_label(device))
     profile = profile_prm(config, progress)
     save_profile(profile, default_profile_path(model, device))
