@@ -117,9 +117,12 @@ def test_the_transposed_path_equals_f_linear_and_gives_a_row_the_same_result_in_
     exact = torch.nn.functional.linear(x.double(), plain[0].double(), None if plain[1] is None else plain[1].double())
     tolerance = (2.0 ** -7 if dtype == torch.bfloat16 else 1e-5) * exact.abs().max().item()
     assert out.shape == (37, 1000) and out.is_contiguous() and (out.double() - exact).abs().max().item() <= tolerance
-    for rows in (1, 5, 16):  # bf16: each row's result does not depend on the rows beside it (fp32 at 1 row takes
-        # MKL's gemv, as F.linear does)
-        assert torch.equal(layer(x[:rows]), out[:rows]) or (dtype == torch.float32 and rows == 1)
+    for rows in (1, 5, 16):  # bf16: each row's result does not depend on the rows beside it; fp32 takes MKL's
+        # sgemm / gemv, whose kernel (and summation order) depends on the row count on some CPUs (AMD EPYC: 5 rows)
+        if dtype == torch.bfloat16:
+            assert torch.equal(layer(x[:rows]), out[:rows])
+        else:
+            assert (layer(x[:rows]).double() - out[:rows].double()).abs().max().item() <= tolerance
     assert torch.equal(cpu_kernels.transpose_matrix(x), x.t())
 
 
