@@ -66,6 +66,19 @@ def test_prefix_cache_hit_skips_cached_full_blocks():
     bm.check_invariants([b, c])
 
 
+def test_forgetting_free_prefixes_drops_the_free_blocks_hashes_and_keeps_the_live_ones():
+    bm = BlockManager(16, BS)
+    a, live = new_seq(0, range(9)), new_seq(1, [7] * 9)
+    compute(bm, a, 9)
+    compute(bm, live, 9)
+    bm.free(a)
+    assert bm.forget_free_prefixes() == 2  # a's two full blocks; its partial block never had a hash
+    assert bm.allocate_cached_prefix(new_seq(2, list(range(9)))) == 0
+    again = new_seq(3, [7] * 9)
+    assert bm.allocate_cached_prefix(again) == 8  # the live sequence's full blocks are still shared
+    bm.check_invariants([live, again])
+
+
 def test_reused_free_block_leaves_prefix_cache():
     bm = BlockManager(2, BS)
     a = new_seq(0, range(8))

@@ -62,6 +62,20 @@ def test_the_bench_plumbing_runs_on_a_simulation_on_its_clock():
     assert batch.runtime.stats().live_sequences == 0
 
 
+def test_a_fresh_runtime_takes_no_kv_an_earlier_run_left_in_the_engines_prefix_caches():
+    """The bench runs every cell on one stack: a later cell must compute its questions' PRM and generator KV
+    as the first one did (the PRM computed ~11% fewer tokens on a CPU ladder's later cells before)."""
+    sim = Simulation(SimulationConfig(seed=0))
+    requests = [sim.request(p, preset_config("beam", beam_size=4, seed=i), f"q{i}") for i, p in enumerate(sim.problems(4))]
+    computed = []
+    for _ in range(2):
+        before = sim.verifier.stats.computed_tokens, sim.engine.block_manager.num_cache_hit_tokens
+        run_batch(fresh_runtime(sim, max_concurrency=4), requests)
+        after = sim.verifier.stats.computed_tokens, sim.engine.block_manager.num_cache_hit_tokens
+        computed.append((after[0] - before[0], after[1] - before[1]))
+    assert computed[0][0] > 0 and computed[1] == computed[0]
+
+
 @pytest.mark.timeout(120)
 def test_a_pool_barely_larger_than_the_shared_prefixes_does_not_livelock():
     """150 blocks: every running sequence shares all its blocks with a paused parent, so only groups can

@@ -128,6 +128,19 @@ class BlockManager:
                 self.cached.setdefault(key, block)
         seq.num_hashed_blocks = max(full, seq.num_hashed_blocks)
 
+    def forget_free_prefixes(self) -> int:
+        """Drop the prefix-cache entries of free blocks (blocks in use keep theirs); returns how many were
+        dropped. A benchmark calls it between runs, so no run takes KV another run computed."""
+        dropped = 0
+        for block in self.free_list:
+            key = self.block_hash[block]
+            if key is not None:
+                if self.cached.get(key) == block:
+                    del self.cached[key]
+                self.block_hash[block] = None
+                dropped += 1
+        return dropped
+
     def check_invariants(self, sequences: Iterable[Sequence]) -> None:
         holders = [0] * self.num_blocks
         for seq in sequences:

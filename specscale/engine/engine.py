@@ -205,6 +205,11 @@ class Engine:
         self.scheduler.remove(seq)
         return True
 
+    def forget_free_prefixes(self) -> int:
+        """Drop the automatic prefix cache's entries for free blocks (block_manager.py); live sequences keep
+        theirs. Returns how many blocks it forgot."""
+        return self.block_manager.forget_free_prefixes()
+
     def get(self, seq_id: int) -> Sequence | None:
         return self.scheduler.sequences.get(seq_id)
 
