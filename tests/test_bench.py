@@ -5,6 +5,7 @@ not depend on the toy models' quality), writing sane JSON, Markdown and PNG; plu
 import argparse
 import json
 import math
+import shlex
 from itertools import pairwise
 
 import pytest
@@ -212,6 +213,18 @@ def test_median_summary_and_command_line():
 
     args = argparse.Namespace(out="o", quick=True, beam_sizes=[4, 8], threads=None, func=print)
     assert command_line("throughput", args) == "specscale bench throughput --beam-sizes 4,8 --out o --quick"
+
+
+@pytest.mark.parametrize("switch", [[], ["--no-profile-prm"], ["--profile-prm"]])
+def test_a_recorded_bench_command_parses_back_to_the_same_settings(switch):
+    """The command a run records (its summary and report) replays as written; `sim_validation.py compare`
+    parses it back. A switch on by default was recorded as an option the parser did not know."""
+    words = ["bench", "throughput", "--out", "o", "--beam-sizes", "4,8", "--quick", *switch]
+    args = build_parser().parse_args(words)
+    recorded = shlex.split(command_line("throughput", args))
+    again = build_parser().parse_args(recorded[1:])
+    assert {k: v for k, v in vars(again).items() if k != "func"} == {k: v for k, v in vars(args).items() if k != "func"}
+    assert again.profile_prm is (switch != ["--no-profile-prm"])
 
 
 def test_only_variants_that_promise_beams_paths_are_held_to_the_pairing_target():

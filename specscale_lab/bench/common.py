@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -127,8 +128,9 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--lv-threshold", type=int, default=None,
                         help="lazy-verification threshold in PRM tokens (default: the PRM's profile on this device, "
                              "measured at the first start; else the cost model's knee, else 2048)")
-    parser.add_argument("--no-profile-prm", dest="profile_prm", action="store_false",
-                        help="do not profile a PRM never profiled on this device at start")
+    parser.add_argument("--profile-prm", action=argparse.BooleanOptionalAction, default=True,
+                        help="profile a PRM never profiled on this device at start (default); --no-profile-prm: "
+                             "take the cost model's knee instead")
 
 
 def int_list(text: str) -> list[int]:
@@ -393,16 +395,21 @@ def run_info(name: str, args, stack: BenchStack | None = None, command: str | No
     return info
 
 
+SWITCHES_ON_BY_DEFAULT = frozenset({"profile_prm"})  # --X / --no-X options (argparse.BooleanOptionalAction)
+
+
 def command_line(name: str, args, command: str = "specscale bench") -> str:
     """`<command> <name>` (`specscale bench <name>` by default) with every option spelled out, as parsed,
     but those the run's backend does not read."""
     parts = [*command.split(), name]
     unread = IGNORED_BY_BACKEND[getattr(args, "backend", "real")]
     for key, value in sorted(vars(args).items()):
-        if key in ("func", "command", "bench_command") or key in unread or value is None or value is False:
+        if key in ("func", "command", "bench_command") or key in unread or value is None:
             continue
         flag = "--" + key.replace("_", "-")
-        if value is True:
+        if value is False:  # a switch that is on by default is recorded when off; store_true ones are left out
+            parts += [f"--no-{flag[2:]}"] if key in SWITCHES_ON_BY_DEFAULT else []
+        elif value is True:
             parts.append(flag)
         elif isinstance(value, (list, tuple)):
             parts += [flag, ",".join(map(str, value))]
