@@ -66,9 +66,9 @@ def add_serve(sub) -> None:
     p.add_argument("--lv-threshold-tokens", type=int, default=None,
                    help="lazy-verification threshold (default: the PRM's profile on this device, measured at the "
                         f"first start; else the cost model's knee, else {DEFAULT_LV_THRESHOLD})")
-    p.add_argument("--no-profile-prm", dest="profile_prm", action="store_false",
-                   help="do not profile a PRM never profiled on this device at start; its LV threshold is "
-                        "then the device cost model's knee")
+    p.add_argument("--profile-prm", action=argparse.BooleanOptionalAction, default=True,
+                   help="profile a PRM never profiled on this device at start (default); --no-profile-prm: its "
+                        "LV threshold is then the device cost model's knee")
     p.add_argument("--device", default=defaults.device)
     p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / transposed / torch")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
