@@ -42,7 +42,7 @@ ROW_BUCKETS = (1, 8, 32, 64, 128, 512)  # rows a generator's linears run: decode
 # a PRM's: the tokens of one verifier call, from a sibling group's new tokens (tens: a search with few requests
 # in flight, or SPEC's sibling-group trigger, calls the PRM with 60-220 tokens on the bundled models) to the
 # lazy-verification threshold (2,048); its MLP runs in chunks of <= 512 rows (transformer.py MLP_CHUNK_ROWS).
-# Timed at 512 and 2,048 only, the toy PRM's projections took paths 1.5-2.8x slower than ours at 32-64 rows.
+# (A path's lead can flip across that range: on an AMD EPYC oneDNN leads at 2,048 rows, ours at 64.)
 PREFILL_BUCKETS = (64, 256, 512, 2048)
 MIN_ROUNDS, MAX_ROUNDS, BUCKET_BUDGET_S = 2, 15, 0.3  # timed rounds over the paths per (shape, bucket)
 # how the timings were taken: 3 = as 2, and torch's prefill attention runs SDPA's flash kernel (2 = weight cold,

@@ -201,12 +201,12 @@ def fresh_runtime(stack: BenchStack | Pipeline | Simulation, max_concurrency: in
     stand-ins for the backends, callbacks)."""
     if isinstance(stack.verifier, Verifier):  # no run may reuse PRM prefixes another variant computed
         stack.verifier.clear()
-    for engine in _real_engines(stack):  # nor blocks another run left in an engine's prefix cache: each run
+    for engine in _engines_of(stack):  # nor blocks another run left in an engine's prefix cache: each run
         engine.forget_free_prefixes()   # computes its questions' KV, as the first one did
     return stack.runtime(max_concurrency, **options)
 
 
-def _real_engines(stack: BenchStack | Pipeline | Simulation) -> list[Engine]:
+def _engines_of(stack: BenchStack | Pipeline | Simulation) -> list[Engine]:
     """The engines whose prefix caches outlive a run: the generator's and the PRM's in this process."""
     engines = [stack.engine] if isinstance(stack.engine, Engine) else []
     if isinstance(stack.verifier, Verifier):
