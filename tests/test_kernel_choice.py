@@ -91,8 +91,8 @@ def test_a_forced_path_is_taken_where_it_runs_and_falls_back_in_order(tmp_path):
 
 def test_a_prms_linears_are_chosen_for_the_calls_a_search_makes_not_only_the_threshold_batches(tmp_path):
     """A search's PRM calls hold tens to hundreds of tokens (a sibling group, one request in flight); the
-    threshold's batches 2,048. The toy PRM on an AMD EPYC: F.linear 5-10% faster at 512 and 2,048 rows, ours
-    1.5-2.8x faster at 32-64 rows; timed at 512 and 2,048 only, every projection took F.linear."""
+    threshold's batches 2,048. A path 2x faster up to 256 rows and 5% slower above must win: timed at 512 and
+    2,048 rows only, the PRM took the other one."""
     from specscale.model.transformer import TransformerForProcessReward
 
     def timer(shape, paths, buckets):  # ours: 2x faster up to 256 rows, 5% slower above
