@@ -47,6 +47,7 @@ from specscale_lab.calibration.trace import (
     TraceHeader,
     TraceRequest,
     common_prefix_ratio,
+    completed_paths,
     fit_workload,
     read_trace,
     trace_request,
@@ -90,9 +91,12 @@ def fit_toy_workload(trace: Path) -> WorkloadParams:
     question."""
     header, requests = read_trace(trace)
     fitted = fit_workload(requests, TOY)
-    fitted = replace(fitted, step_tokens_sigma=sibling_step_sigma(requests))
+    fitted = replace(fitted, step_tokens_sigma=sibling_step_sigma(requests), steps_sigma=sibling_steps_sigma(requests))
     fitted.sources["step_tokens_sigma"] = ("fitted: spread of log step lengths among siblings (same request, same "
                                            "step index), what sets how long a round waits for its slowest one")
+    fitted.sources["steps_sigma"] = ("fitted: spread of log steps per solution among one request's samples (the "
+                                     "levels carry the spread between problems), what sets which of a search's "
+                                     "paths complete first")
     ratio = common_prefix_ratio([first_steps(r) for r in requests])
     if ratio is not None:
         width = header.search.get("beam_size", 4)
@@ -122,6 +126,23 @@ def sibling_step_sigma(requests: list[TraceRequest]) -> float:
             squares += sum((x - mean) ** 2 for x in logs)
             count, groups = count + len(logs), groups + 1
     return math.sqrt(squares / (count - groups)) if count > groups else TOY.step_tokens_sigma
+
+
+def sibling_steps_sigma(requests: list[TraceRequest]) -> float:
+    """The pooled within-request standard deviation of log steps per completed solution. The simulated
+    generator draws a path's step count around its problem's level median (workload.py: the levels carry the
+    spread between problems), so this is its spread: fitted over all solutions (0.48 on the toy models,
+    against 0.16 within a request) it drew siblings of very different lengths, and a beam search, which stops
+    at its first N completed paths, returned the short ones (12-18% fewer output tokens than the real search)."""
+    squares, count, groups = 0.0, 0, 0
+    for request in requests:
+        steps = [sum(len(s.step_tokens) for s in chain) for chain, _ in completed_paths([request])]
+        logs = [math.log(n) for n in steps]
+        if len(logs) > 1:
+            mean = statistics.fmean(logs)
+            squares += sum((x - mean) ** 2 for x in logs)
+            count, groups = count + len(logs), groups + 1
+    return math.sqrt(squares / (count - groups)) if count > groups else TOY.steps_sigma
 
 
 def first_steps(request: TraceRequest) -> TraceRequest:

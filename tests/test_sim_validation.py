@@ -63,3 +63,20 @@ def test_sibling_step_sigma_is_the_spread_within_a_requests_kth_steps():
     expected = math.sqrt(2 * (math.log(4) / 2) ** 2 / (4 - 2))
     assert sim_validation.sibling_step_sigma([request, other]) == pytest.approx(expected)
     assert sim_validation.sibling_step_sigma([other]) == TOY.step_tokens_sigma
+
+
+def test_sibling_steps_sigma_is_the_spread_of_steps_per_solution_within_a_request():
+    """The simulated generator draws a path's step count around its problem's median (the levels spread the
+    problems); fitted over every solution, the spread drew siblings of very different lengths, and beam
+    search, which keeps its first N completed paths, returned the short ones."""
+    def sample(i, steps, completed=True):
+        return TraceStep(i, None, 0, (20,) * steps, (), completed=completed)
+
+    # one request: 2 and 8 steps (log spread ln 4 / 2 each side), plus an unfinished sample that does not count;
+    # another: 3 and 3 steps (none); a problem of 30 steps alone adds spread between problems, not within
+    first = TraceRequest("r", "q", 5, 9, None, None, None, (sample(0, 2), sample(1, 8), sample(2, 30, False)))
+    second = TraceRequest("s", "q", 5, 9, None, None, None, (sample(0, 3), sample(1, 3)))
+    alone = TraceRequest("t", "q", 5, 9, None, None, None, (sample(0, 30),))
+    expected = math.sqrt(2 * (math.log(4) / 2) ** 2 / (4 - 2))
+    assert sim_validation.sibling_steps_sigma([first, second, alone]) == pytest.approx(expected)
+    assert sim_validation.sibling_steps_sigma([alone]) == TOY.steps_sigma
