@@ -56,6 +56,8 @@ PERTURBATIONS = (
     ("sound_logit_mean - 1", "prm", "sound_logit_mean", lambda v: v - 1),
     ("accuracy - 0.1", "workload", "accuracy", lambda v: v - 0.1),
     ("steps_median x 1.5", "workload", "steps_median", lambda v: v * 1.5),
+    # a within-request spread: the toy trace's is a third of its spread over every solution (0.16 against 0.48)
+    ("steps_sigma / 3", "workload", "steps_sigma", lambda v: v / 3),
     ("step_tokens_median x 1.5", "workload", "step_tokens_median", lambda v: v * 1.5),
     ("step_tokens_sigma x 1.5", "workload", "step_tokens_sigma", lambda v: v * 1.5),
     ("top_token_prob 0.9867 -> 0.95", "workload", "top_token_prob", lambda v: 0.95),
