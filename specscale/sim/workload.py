@@ -261,14 +261,17 @@ PRM_PRESETS: dict[str, tuple[PRMScoreParams, str]] = {
 
 # The bundled toy models on the toy task (docs/toy-models.md, measured with their statistics script).
 TOY = WorkloadParams(
-    name="toy", accuracy=0.518, steps_median=5.0, steps_sigma=0.26, step_tokens_median=20.0,
+    name="toy", accuracy=0.518, steps_median=5.0, steps_sigma=0.16, step_tokens_median=20.0,
     step_tokens_sigma=0.36, top_token_prob=0.952, question_tokens_median=30.0, question_tokens_sigma=0.25,
     system_prompt_tokens=20, levels=5, max_steps=40, max_step_tokens=256,
     prm=PRMScoreParams(perfect_share_sound=0.04, perfect_share_erred=0.002, auc=0.92, sound_logit_mean=1.5,
                        logit_spread=1.5),
     sources={
         "accuracy": "docs/toy-models.md: one sample 51.8%",
-        "steps_median": "docs/toy-models.md: steps per solution median 5, p90 7 (sigma = ln(7/5) / 1.28)",
+        "steps_median": "docs/toy-models.md: steps per solution median 5",
+        "steps_sigma": "the spread of log steps per solution within a request, 0.16, from a best-of-n trace of the "
+                       "toy models (benchmarks/sim_validation.py sibling_steps_sigma, 2026-12-04; the levels carry "
+                       "the spread between problems: 0.26, from the p90 of 7 over all solutions, double-counted it)",
         "step_tokens_median": "docs/toy-models.md: tokens per step median 20, within-round CV 0.37",
         "top_token_prob": "calibrate.top_token_prob: the toy's common-prefix ratio 27.3% (docs/toy-models.md)",
         "step_tokens_sigma": "docs/toy-models.md: within-round CV 0.37; gives waiting 37.7% at N = 8 (measured: 39.3% "
