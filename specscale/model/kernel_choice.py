@@ -39,9 +39,10 @@ log = logging.getLogger(__name__)
 
 LINEAR_PATHS = KERNEL_MODES[1:]  # ours, onednn, torch: also the order a forced path falls back in, ties break in
 ROW_BUCKETS = (1, 8, 32, 64, 128, 512)  # rows a generator's linears run: decode batches up to prefill chunks
-# a PRM's: the tokens of one verifier call, from a sibling group's new tokens (tens: a search with few requests
-# in flight, or SPEC's sibling-group trigger, calls the PRM with 60-220 tokens on the bundled models) to the
-# lazy-verification threshold (2,048); its MLP runs in chunks of <= 512 rows (transformer.py MLP_CHUNK_ROWS).
+# a PRM's: the tokens of one verifier call, from a sibling group's new tokens (with few requests in flight, or
+# under lazy verification's sibling-group trigger, docs/design.md "Verification", a search calls the PRM with
+# 60-220 tokens on the bundled models) to the lazy-verification threshold (2,048); its MLP runs in chunks of
+# <= 512 rows (transformer.py MLP_CHUNK_ROWS).
 # (A path's lead can flip across that range: on an AMD EPYC oneDNN leads at 2,048 rows, ours at 64.)
 PREFILL_BUCKETS = (64, 256, 512, 2048)
 MIN_ROUNDS, MAX_ROUNDS, BUCKET_BUDGET_S = 2, 15, 0.3  # timed rounds over the paths per (shape, bucket)
