@@ -108,10 +108,6 @@ class Pipeline(Stack):
             report["prm"] = self.verifier.engine.kernels()
         return report
 
-    def local_engines(self) -> list[Engine]:
-        """The engines this process runs: the generator's, and the PRM's unless it is served elsewhere."""
-        return [self.engine] + ([self.verifier.engine] if isinstance(self.verifier, Verifier) else [])
-
     def model_memory(self) -> dict:
         """What each model holds (model/memory.py), as /health reports it."""
         memory = {"generator": self.engine.model_memory().as_dict()}

@@ -22,6 +22,7 @@ from specscale.engine.engine import Engine
 from specscale.search.backend import GeneratorBackend, VerifierBackend
 from specscale.search.engine_backend import EngineBackend
 from specscale.search.runtime import SearchRuntime
+from specscale.verify.prm import Verifier
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class Stack:
     @property
     def spare_rows(self) -> int | None:
         return self.device.spare_rows
+
+    def local_engines(self) -> list[Engine]:
+        """The engines this process runs: the generator's, and the PRM's unless it is served elsewhere."""
+        return [self.engine] + ([self.verifier.engine] if isinstance(self.verifier, Verifier) else [])
 
     def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
         """The generator engine and the verifier as the runtime sees them (a fresh id mapping each time)."""

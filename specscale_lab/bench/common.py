@@ -39,7 +39,6 @@ import torch
 from tqdm import tqdm
 
 from specscale.config import KERNEL_MODES
-from specscale.engine.engine import Engine
 from specscale.model.machine import MachineFingerprint
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.presets import preset_config, split_variants
@@ -201,17 +200,9 @@ def fresh_runtime(stack: BenchStack | Pipeline | Simulation, max_concurrency: in
     stand-ins for the backends, callbacks)."""
     if isinstance(stack.verifier, Verifier):  # no run may reuse PRM prefixes another variant computed
         stack.verifier.clear()
-    for engine in _engines_of(stack):  # nor blocks another run left in an engine's prefix cache: each run
+    for engine in stack.local_engines():  # nor blocks another run left in an engine's prefix cache: each run
         engine.forget_free_prefixes()   # computes its questions' KV, as the first one did
     return stack.runtime(max_concurrency, **options)
-
-
-def _engines_of(stack: BenchStack | Pipeline | Simulation) -> list[Engine]:
-    """The engines whose prefix caches outlive a run: the generator's and the PRM's in this process."""
-    engines = [stack.engine] if isinstance(stack.engine, Engine) else []
-    if isinstance(stack.verifier, Verifier):
-        engines.append(stack.verifier.engine)
-    return engines
 
 
 @dataclass

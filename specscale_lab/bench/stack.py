@@ -67,6 +67,9 @@ class BenchStack(ABC):
     def runtime(self, max_concurrency: int | None = None, **options) -> SearchRuntime:
         return self.stack.runtime(max_concurrency, **options)
 
+    def local_engines(self) -> list[Engine]:
+        return self.stack.local_engines()
+
     def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
         return self.stack.backends()
 
