@@ -115,17 +115,14 @@ def sibling_step_sigma(requests: list[TraceRequest]) -> float:
     """The pooled within-group standard deviation of log step lengths, a group being one request's k-th
     steps. The simulated generator draws every step alike, so this, not the spread over all steps (which
     adds differences between problems and positions), is what reproduces a round's waiting."""
-    squares, count, groups = 0.0, 0, 0
+    groups = []
     for request in requests:
-        by_index: dict[int, list[float]] = {}
+        by_index: dict[int, list[int]] = {}
         for step in request.steps:
             for k, tokens in enumerate(step.step_tokens):
-                by_index.setdefault(k, []).append(math.log(tokens))
-        for logs in (v for v in by_index.values() if len(v) > 1):
-            mean = statistics.fmean(logs)
-            squares += sum((x - mean) ** 2 for x in logs)
-            count, groups = count + len(logs), groups + 1
-    return math.sqrt(squares / (count - groups)) if count > groups else TOY.step_tokens_sigma
+                by_index.setdefault(k, []).append(tokens)
+        groups += by_index.values()
+    return pooled_log_sigma(groups, TOY.step_tokens_sigma)
 
 
 def sibling_steps_sigma(requests: list[TraceRequest]) -> float:
@@ -134,15 +131,22 @@ def sibling_steps_sigma(requests: list[TraceRequest]) -> float:
     spread between problems), so this is its spread: fitted over all solutions (0.48 on the toy models,
     against 0.16 within a request) it drew siblings of very different lengths, and a beam search, which stops
     at its first N completed paths, returned the short ones (12-18% fewer output tokens than the real search)."""
-    squares, count, groups = 0.0, 0, 0
-    for request in requests:
-        steps = [sum(len(s.step_tokens) for s in chain) for chain, _ in completed_paths([request])]
-        logs = [math.log(n) for n in steps]
-        if len(logs) > 1:
+    groups = [[sum(len(s.step_tokens) for s in chain) for chain, _ in completed_paths([request])]
+              for request in requests]
+    return pooled_log_sigma(groups, TOY.steps_sigma)
+
+
+def pooled_log_sigma(groups, fallback: float) -> float:
+    """The pooled within-group standard deviation of the logs of positive counts (groups of one add nothing);
+    `fallback` when no group has two."""
+    squares, count, groups_used = 0.0, 0, 0
+    for group in groups:
+        if len(group) > 1:
+            logs = [math.log(x) for x in group]
             mean = statistics.fmean(logs)
             squares += sum((x - mean) ** 2 for x in logs)
-            count, groups = count + len(logs), groups + 1
-    return math.sqrt(squares / (count - groups)) if count > groups else TOY.steps_sigma
+            count, groups_used = count + len(logs), groups_used + 1
+    return math.sqrt(squares / (count - groups_used)) if count > groups_used else fallback
 
 
 def first_steps(request: TraceRequest) -> TraceRequest:
