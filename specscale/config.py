@@ -79,8 +79,8 @@ class SearchConfig:
     or "eager" (verified candidates are expanded before their round is decided, up to speculation_depth
     rounds ahead of the last decided round); rank_speculation: the engine runs speculative rows in order of
     their parent's survival rank in its round (False: oldest first, an ablation). pruning: the early-pruning
-    policy's name (search/pruning.py), "none", "strict" or "strict_ties"; perfect_shortcut: SPEC's
-    perfect-score shortcut (a separate switch). Policy names are checked when a search is built from the
+    policy's name (search/pruning.py), "none", "strict" or "strict_ties"; perfect_shortcut: the
+    perfect-score shortcut (docs/design.md, "Early pruning") (a separate switch). Policy names are checked when a search is built from the
     config (`search/presets.py` `preset_config`, `Search`). dedup: computation deduplication (CD). verification: "round" (a
     request's whole round at once, batched across requests), "immediate" (each step as it finishes),
     "lazy" (queued as it finishes, flushed on the lazy-verification triggers), "lazy_round" (a round at once,
@@ -91,7 +91,7 @@ class SearchConfig:
     every request: the paper's lazy verification) or "request" (the triggering request's steps only: an
     ablation). lv_ride_along: lazy steps join any PRM batch that runs anyway (None: on with the queue scope;
     with the request scope, on for adaptive only). lv_sibling_trigger: a complete sibling group flushes the
-    queue (SPEC's trigger 2, docs/design.md; False drops it: an ablation, in no preset).
+    queue (docs/design.md, "Verification"; False drops it: an ablation, in no preset).
     lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
     the FastTTS pieces (LookAhead continuations, children by min-subtracted score, the mean and spread of
     the share of a continuation's tokens every other retained copy starts from, the per-request valve).

@@ -19,7 +19,7 @@ SETTINGS = dict(beam_size=4, beam_width=2, max_rounds=4, max_step_tokens=48)
 
 # per preset, recorded on main at 39c0202 (before the policy refactor); a preset whose behaviour changes on
 # purpose gets its new digest in the same commit, which says why (the others must not move). Changed since:
-# beam+cd+lv (its steps go through the lazy queue as they finish, with every SPEC trigger) and the new
+# beam+cd+lv (its steps go through the lazy queue as they finish, with every fixed trigger) and the new
 # specscale-nospec (issue 31's all-but-speculation control); ep-strict+ties (issue 28's one-class variant,
 # recorded when it was added).
 EXPECTED = {

@@ -134,7 +134,7 @@ def test_the_no_speculation_control_batches_across_requests_and_keeps_beam_cds_p
     control, beam_cd = scripted_run("beam+cd+lv"), scripted_run("beam+cd")
     paths = [[p.text for p in control.result(i).paths] for i in control.finished_ids()]
     assert paths == [[p.text for p in beam_cd.result(i).paths] for i in beam_cd.finished_ids()]
-    assert control.flush_reasons.get("sibling-group")  # SPEC's triggers, the sibling group's among them
+    assert control.flush_reasons.get("sibling-group")  # the fixed triggers, the sibling group's among them
     assert max(requests_per_call(control)) > 1
 
 

@@ -59,7 +59,7 @@ class LazyFlushPolicy(ABC):
     threshold_tokens: int
     rides_along: bool  # this policy's queued steps join any PRM batch that runs anyway
     whole_queue: bool  # its trigger flushes every queued lazy step of every request (False: the request's own)
-    sibling_group: bool  # a queued step that completes its sibling group flushes (SPEC's trigger 2)
+    sibling_group: bool  # a queued step that completes its sibling group flushes (docs/design.md, "Verification")
 
     def group_completed(self, items: Sequence) -> bool:
         """The sibling-group trigger: one of these queued steps completed its sibling group."""

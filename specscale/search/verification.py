@@ -6,9 +6,9 @@ when a step finishes (`on_step_finished`) and when a round has finished generati
 - immediate: each step as soon as it finishes, batched across requests (speculative variants);
 - lazy: each step as it finishes, held in the verifier's lazy queue until a lazy-verification trigger holds;
 - lazy_round: a request's whole round once it has finished generating, held in the same lazy queue (an
-  ablation, in no preset). A finished round is a set of complete sibling groups, so with SPEC's sibling-group
-  trigger it flushes at once; with `SearchConfig.lv_sibling_trigger = False` whole rounds wait for the token,
-  deferral or age trigger (cross-request batching of rounds, without SPEC's trigger 2);
+  ablation, in no preset). A finished round is a set of complete sibling groups, so with the sibling-group
+  trigger (docs/design.md, "Verification") it flushes at once; with `SearchConfig.lv_sibling_trigger = False` whole rounds wait for the token,
+  deferral or age trigger (cross-request batching of rounds, without the sibling-group trigger);
 - per_request: a request's whole round (with its LookAhead continuations), one request per PRM call (FastTTS).
 """
 
