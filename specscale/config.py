@@ -66,6 +66,7 @@ SELECTIONS = ("beam", "dvts", "best_of_n")
 VERIFICATIONS = ("round", "immediate", "lazy", "lazy_round", "per_request")
 LV_POLICIES = ("fixed", "adaptive")
 LV_FLUSH_SCOPES = ("queue", "request")
+LV_GROUPS = ("siblings", "round")
 BRANCHING_SCORES = ("decided", "lookahead")
 
 
@@ -91,7 +92,10 @@ class SearchConfig:
     every request: the paper's lazy verification) or "request" (the triggering request's steps only: an
     ablation). lv_ride_along: lazy steps join any PRM batch that runs anyway (None: on with the queue scope;
     with the request scope, on for adaptive only). lv_sibling_trigger: a complete sibling group flushes the
-    queue (docs/design.md, "Verification"; False drops it: an ablation, in no preset).
+    queue (docs/design.md, "Verification"; False drops it: an ablation, in no preset). lv_group: the group
+    whose completion that trigger waits for, "siblings" (the M children of one parent, the design's) or
+    "round" (every candidate of the request's round: with N > M one flush per round instead of N / M; an
+    ablation, in no preset; equal to "siblings" when N = M).
     lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
     the FastTTS pieces (LookAhead continuations, children by min-subtracted score, the mean and spread of
     the share of a continuation's tokens every other retained copy starts from, the per-request valve).
@@ -124,6 +128,7 @@ class SearchConfig:
     lv_flush_scope: str = "queue"
     lv_ride_along: bool | None = None
     lv_sibling_trigger: bool = True
+    lv_group: str = "siblings"
     lv_wait_budget_calls: float = 2.0
     lv_speculative_budget_tokens: float = 512.0
     lv_kv_budget: float = 0.9
@@ -151,6 +156,7 @@ class SearchConfig:
         _check(self.lv_max_deferrals >= 0, "lv_max_deferrals must be >= 0")
         _check(self.lv_policy in LV_POLICIES, f"lv_policy must be one of {LV_POLICIES}")
         _check(self.lv_flush_scope in LV_FLUSH_SCOPES, f"lv_flush_scope must be one of {LV_FLUSH_SCOPES}")
+        _check(self.lv_group in LV_GROUPS, f"lv_group must be one of {LV_GROUPS}")
         _check(self.lv_wait_budget_calls > 0, "lv_wait_budget_calls must be > 0")
         _check(self.lv_speculative_budget_tokens > 0, "lv_speculative_budget_tokens must be > 0")
         _check(0.5 < self.lv_kv_budget <= 1, "lv_kv_budget must be in (0.5, 1]")

@@ -9,7 +9,7 @@ from scripted_verifier import ScriptedVerifier
 from specscale.config import SearchConfig
 from specscale.search.lazy_flush import FixedTriggers, flush_policy
 from specscale.search.presets import preset_config
-from specscale.search.protocol import Expand, StepFinished, Verify
+from specscale.search.protocol import Expand, ScoresArrived, StepFinished, Verify
 from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.search import Search
 from specscale.search.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
@@ -102,11 +102,11 @@ def test_a_cd_expansion_completes_its_group_when_its_one_row_finishes():
 
 
 # ---- whole runs on the scripted backends ------------------------------------------------------------------
-def scripted_run(preset: str, threshold: int = 60, **overrides) -> SearchRuntime:
+def scripted_run(preset: str, threshold: int = 60, beam_width: int = 4, **overrides) -> SearchRuntime:
     clock = VirtualClock()
     runtime = SearchRuntime(ScriptedGenerator(clock), ScriptedVerifier(clock), clock=clock,
                             lv_threshold_tokens=threshold)
-    config = preset_config(preset, beam_size=8, beam_width=4, max_rounds=6, seed=5, **overrides)
+    config = preset_config(preset, beam_size=8, beam_width=beam_width, max_rounds=6, seed=5, **overrides)
     runtime.run([SearchRequest(f"q{i}", [1, 2, 3, i], config) for i in range(8)])
     assert runtime.stats().live_sequences == 0
     return runtime
@@ -163,3 +163,38 @@ def test_the_sibling_trigger_switch_reaches_both_flush_policies():
         config = preset_config("specscale", lv_policy=policy, lv_sibling_trigger=False)
         assert not flush_policy(config, 100).group_completed([lazy("a", group=True)])
         assert flush_policy(replace(config, lv_sibling_trigger=True), 100).group_completed([lazy("a", group=True)])
+
+
+# ---- the round group (`lv_group = "round"`, an ablation) ---------------------------------------------------
+def round_flags(lv_group: str) -> list[bool]:
+    """completes_group of each Verify of round 1 (two parents, four children each, one lane per child) as its
+    children finish one by one, after round 0 was scored and decided."""
+    search = Search(preset_config("naive-spec", speculation="none", beam_size=8, beam_width=4, seed=1,
+                                  lv_group=lv_group))
+    handles = iter(range(100, 1000))
+    for expand in [a for a in search.start(0.0) if isinstance(a, Expand)]:
+        finish(search, expand, next(handles), 0.0)
+    actions = []
+    for c in search.rounds[0].candidates:
+        actions += search.on(ScoresArrived(c.id, (0.5 + 0.01 * c.id,), None, 1.0))
+    expands = [a for a in actions if isinstance(a, Expand)]
+    assert len({e.parent_handle for e in expands}) == 2 and len(expands) == 8
+    return [v.completes_group for e in expands for v in finish(search, e, next(handles), 2.0) if isinstance(v, Verify)]
+
+
+def test_the_round_group_completes_once_a_round_where_sibling_groups_complete_once_a_parent():
+    siblings = round_flags("siblings")
+    assert len(siblings) == 8 and sum(siblings) == 2 and siblings[-1]
+    assert round_flags("round") == [False] * 7 + [True]
+
+
+def test_the_round_group_flushes_less_often_with_n_above_m_and_changes_nothing_with_n_equal_m():
+    siblings = scripted_run("specscale-nospec", threshold=NEVER)
+    rounds = scripted_run("specscale-nospec", threshold=NEVER, lv_group="round")
+    assert rounds.flush_reasons["sibling-group"] < siblings.flush_reasons["sibling-group"]
+    assert len(rounds.verifier.batches) < len(siblings.verifier.batches)
+    wide, wide_rounds = (scripted_run("specscale", threshold=NEVER, beam_width=8, lv_group=group)
+                         for group in ("siblings", "round"))  # N = M: the round is the one sibling group
+    assert wide.flush_reasons == wide_rounds.flush_reasons
+    assert [[p.text for p in wide.result(i).paths] for i in wide.finished_ids()] == \
+        [[p.text for p in wide_rounds.result(i).paths] for i in wide_rounds.finished_ids()]

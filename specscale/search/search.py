@@ -176,6 +176,11 @@ class Search:
         return Verify(c.id, tuple(c.steps()), completes_group)
 
     def _group_complete(self, e: Expansion) -> bool:
+        """Whether e's group has finished its step (lazy verification's group trigger): its sibling group,
+        or with `lv_group` "round" its whole round (the round before it decided, so every expansion of this
+        round is known, and none of them live)."""
+        if self.config.lv_group == "round":
+            return self.last_decided >= e.round - 1 and self._round_generated(self.rounds[e.round])
         siblings = e.parent.children if e.parent is not None else self.rounds[0].expansions
         return all(not s.live for s in siblings if not s.lookahead)
 
