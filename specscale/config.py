@@ -81,8 +81,8 @@ class SearchConfig:
     rounds ahead of the last decided round); rank_speculation: the engine runs speculative rows in order of
     their parent's survival rank in its round (False: oldest first, an ablation). pruning: the early-pruning
     policy's name (search/pruning.py), "none", "strict" or "strict_ties"; perfect_shortcut: the
-    perfect-score shortcut (docs/design.md, "Early pruning") (a separate switch). Policy names are checked when a search is built from the
-    config (`search/presets.py` `preset_config`, `Search`). dedup: computation deduplication (CD). verification: "round" (a
+    perfect-score shortcut, a separate switch (docs/design.md, "Early pruning"). Policy names are checked when
+    a search is built from the config (`search/presets.py` `preset_config`, `Search`). dedup: computation deduplication (CD). verification: "round" (a
     request's whole round at once, batched across requests), "immediate" (each step as it finishes),
     "lazy" (queued as it finishes, flushed on the lazy-verification triggers), "lazy_round" (a round at once,
     queued as "lazy" is: an ablation), "per_request" (FastTTS: one PRM call per round per request). lv_policy: which triggers flush lazy steps, "fixed" (threshold, sibling group,

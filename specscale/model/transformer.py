@@ -313,7 +313,7 @@ class DecoderModel(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         # no random init: the loader builds on the meta device and fills every weight from the checkpoint, and
-        # nn.Embedding's normal_ init would import torch._dynamo (~1.6 s at every start) for nothing
+        # nn.Embedding's normal_ init would import torch._dynamo (1.1-1.5 s at every start) for nothing
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size,
                                          _weight=torch.empty(args.vocab_size, args.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))

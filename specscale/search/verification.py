@@ -7,8 +7,8 @@ when a step finishes (`on_step_finished`) and when a round has finished generati
 - lazy: each step as it finishes, held in the verifier's lazy queue until a lazy-verification trigger holds;
 - lazy_round: a request's whole round once it has finished generating, held in the same lazy queue (an
   ablation, in no preset). A finished round is a set of complete sibling groups, so with the sibling-group
-  trigger (docs/design.md, "Verification") it flushes at once; with `SearchConfig.lv_sibling_trigger = False` whole rounds wait for the token,
-  deferral or age trigger (cross-request batching of rounds, without the sibling-group trigger);
+  trigger (docs/design.md, "Verification") it flushes at once; with `SearchConfig.lv_sibling_trigger = False`
+  whole rounds wait for the token, deferral or age trigger (cross-request batching of rounds);
 - per_request: a request's whole round (with its LookAhead continuations), one request per PRM call (FastTTS).
 """
 
