@@ -9,7 +9,7 @@ from specscale.search.presets import preset_config
 from specscale.search.protocol import Expand, ScoresArrived, SetPriority, StepFinished, Verify
 from specscale.search.search import Search
 from specscale.search.speculation import SPECULATION_BAND
-from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel, bytes_moved, compute_seconds
+from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel, compute_seconds, weight_bytes
 from specscale.sim.hardware import HardwareProfile
 from specscale.sim.model_profile import ModelProfile
 from specscale.sim.row_budget import hardware_profile_for, speculative_row_budget
@@ -40,10 +40,10 @@ def test_on_a_gpu_roofline_the_budget_is_the_decodes_compute_knee():
     a100 = RooflineCostModel(HardwareProfile.load("a100-80gb"))
     budget = speculative_row_budget(a100, SEVEN_B, 512)
 
-    def bound(rows):  # which roof an iteration of `rows` decode rows sits on
+    def bound(rows):  # which roof the GEMM phase of an iteration of `rows` decode rows sits on
         work = IterationWork(decode_contexts=(256,) * rows, head_rows=rows, live_sequences=rows)
         compute = compute_seconds(a100.hardware, SEVEN_B, work)  # the GEMMs at their rows' rate
-        memory = bytes_moved(SEVEN_B, work) / a100.hardware.achievable_bandwidth
+        memory = weight_bytes(SEVEN_B, work) / a100.hardware.achievable_bandwidth  # the weights, read once
         return "compute" if compute > memory else "memory"
 
     assert 64 < budget < 512

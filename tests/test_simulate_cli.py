@@ -139,8 +139,11 @@ def test_simulated_characterize_measures_the_simulated_device(tmp_path):
     cell = summary["results"]["beam"]["4"]
     hardware, model = HardwareProfile.load("a100-80gb"), ModelProfile.load("qwen2.5-7b-instruct")
     weights_s = (model.body_weight_bytes + model.head_weight_bytes) / hardware.achievable_bandwidth
-    # the fitted fixed cost of a decode iteration is the roofline's: fixed cost + reading the weights once
-    assert cell["iteration_fixed_ms"] == pytest.approx(1000 * (hardware.iteration_fixed_s + weights_s), rel=0.03)
+    # the fitted fixed cost of a decode iteration is the roofline's: fixed cost + reading the weights once + the
+    # layers' kernels
+    kernels_s = model.num_layers * hardware.layer_kernel_s
+    assert cell["iteration_fixed_ms"] == pytest.approx(1000 * (hardware.iteration_fixed_s + weights_s + kernels_s),
+                                                       rel=0.03)
     assert cell["iteration_per_row_ms"] < 0.05  # an extra decode row rides along almost free
     assert cell["prm_call_fixed_ms"] >= 1000 * hardware.prm_iteration_fixed_s
     assert summary["waiting_batch_size_1"]["difficulty"] == "level"

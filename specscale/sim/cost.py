@@ -1,24 +1,30 @@
 """The cost model: seconds of one engine iteration, and the KV capacity left after the weights.
 
 One device runs both models, time-shared: the search runtime runs either a generator iteration or a PRM
-batch per tick, so the simulated clock simply adds their times. The roofline of one iteration:
+batch per tick, so the simulated clock simply adds their times. An iteration runs its kernels one after
+another, so each phase sits on its own roofline and the phases add (docs/simulator.md, "The cost model"):
 
-    tokens  T = decode rows + prefill tokens
-    FLOPs   F = body_flops_per_token * T + head_flops_per_row * head rows
-                + attention_flops_per_key * (sum over decode rows of their context
-                                             + sum over prefill chunks of n*c + n*(n+1)/2)
-    bytes   B = body weights + head weights (when any head row runs)
-                + kv_bytes_per_token * (sum of decode contexts + sum over chunks of (c + n) + T)
-    compute = body FLOPs / gemm_rate(T, hidden) + head FLOPs / gemm_rate(head rows, head columns)
-              + attention FLOPs / achievable FLOP/s
-    seconds = fixed(role) + host + max(compute, B / achievable bytes/s)
+    tokens     T = decode rows + prefill tokens
+    GEMMs      max(body FLOPs / gemm_rate(T, hidden) + head FLOPs / gemm_rate(head rows, head columns),
+                   (body weights + head weights when any head row runs) / achievable bytes/s)
+    attention  max(attention_flops_per_key * (sum over decode rows of their context
+                                              + sum over prefill chunks of n*c + n*(n+1)/2) / achievable FLOP/s,
+                   kv_bytes_per_token * (sum of decode contexts + sum over chunks of (c + n) + T) / achievable bytes/s)
+    kernels    layers x layer_kernel_s
+    seconds  = fixed(role) + host + GEMMs + attention + kernels
 
 with n the chunk's new tokens and c the tokens cached before it: a decode row attends to its whole
 context and reads its KV; a prefill chunk's token i attends to c + i keys, and the chunk reads the cached
 KV once (flash attention); every new token writes its KV. gemm_rate(M, N) is `HardwareProfile.gemm_flop_rate`:
 a GEMM's achieved FLOP/s rises with its rows M as its output tiles fill the multiprocessors (constant on
-a profile without multiprocessors). Embedding gathers, norms and activations are left out (under 1% of
-either term for these models). `fixed(role)` is the hardware's iteration_fixed_s for the generator and
+a profile without multiprocessors). `layer_kernel_s` is the device time per layer of the kernels neither
+roofline carries (norms, rotary, activation, residual adds, KV writes and each kernel's ramp), measured on
+a GPU by benchmarks/gpu_cost_probe.py (0 on the CPU profile, whose fit folds them into its fixed costs).
+A single roofline over the whole iteration (max of the summed FLOPs and summed bytes) let a decode's KV
+reads hide behind its GEMMs; the H200 probe shows they do not (docs/BENCHMARKS.md, "The GPU cost model,
+measured"), so the GPU profiles set `phase_rooflines`. The CPU profile keeps the single roofline: its fit
+(specscale_lab/calibration/cpu_fit.py) and its validation against real runs were made with it, and the toy
+models' weights and KV sit in the CPU's caches, so its bandwidth is not a DRAM figure a phase could bind on. `fixed(role)` is the hardware's iteration_fixed_s for the generator and
 prm_iteration_fixed_s for a PRM batch; `host` is, for a generator iteration, rows x row_overhead_s
 (sampling, stop detection and bookkeeping per row) + live sequences x sequence_overhead_s (the scheduler's
 scan and the search's bookkeeping over every sequence the engine holds, scheduled or not: speculative and
@@ -89,8 +95,27 @@ class RooflineCostModel(CostModel):
 
     def iteration_seconds(self, model: ModelProfile, work: IterationWork, role: str) -> float:
         hw = self.hardware
-        memory_s = bytes_moved(model, work) / hw.achievable_bandwidth
-        return fixed_seconds(hw, role) + host_seconds(hw, work, role) + max(compute_seconds(hw, model, work), memory_s)
+        return fixed_seconds(hw, role) + host_seconds(hw, work, role) + device_seconds(hw, model, work)
+
+
+def device_seconds(hardware: HardwareProfile, model: ModelProfile, work: IterationWork) -> float:
+    """The module docstring's GEMM and attention phases, each on its roofline, and the per-layer kernels; on a
+    profile without `phase_rooflines` (the CPU's), one roofline over the whole iteration."""
+    kernels = model.num_layers * hardware.layer_kernel_s
+    if not hardware.phase_rooflines:
+        attention = model.attention_flops_per_key * work.attended_keys / hardware.achievable_flops
+        compute = compute_seconds(hardware, model, work) + attention
+        return kernels + max(compute, bytes_moved(model, work) / hardware.achievable_bandwidth)
+    return gemm_seconds(hardware, model, work) + attention_seconds(hardware, model, work) + kernels
+
+
+def gemm_seconds(hardware: HardwareProfile, model: ModelProfile, work: IterationWork) -> float:
+    return max(compute_seconds(hardware, model, work), weight_bytes(model, work) / hardware.achievable_bandwidth)
+
+
+def attention_seconds(hardware: HardwareProfile, model: ModelProfile, work: IterationWork) -> float:
+    compute = model.attention_flops_per_key * work.attended_keys / hardware.achievable_flops
+    return max(compute, kv_bytes(model, work) / hardware.achievable_bandwidth)
 
 
 def flops(model: ModelProfile, work: IterationWork) -> float:
@@ -99,10 +124,10 @@ def flops(model: ModelProfile, work: IterationWork) -> float:
 
 
 def compute_seconds(hardware: HardwareProfile, model: ModelProfile, work: IterationWork) -> float:
-    """The body's and the head's GEMMs at their rows' achieved rate, attention at the saturated rate."""
+    """The body's and the head's GEMMs at their rows' achieved rate."""
     body = model.body_flops_per_token * work.num_tokens / hardware.gemm_flop_rate(work.num_tokens, model.hidden_size)
-    head = model.head_flops_per_row * work.head_rows / hardware.gemm_flop_rate(work.head_rows, head_columns(model))
-    return body + head + model.attention_flops_per_key * work.attended_keys / hardware.achievable_flops
+    return body + model.head_flops_per_row * work.head_rows / hardware.gemm_flop_rate(work.head_rows,
+                                                                                        head_columns(model))
 
 
 def head_columns(model: ModelProfile) -> int:
@@ -110,9 +135,18 @@ def head_columns(model: ModelProfile) -> int:
     return model.vocab_size if model.head == "lm" else model.hidden_size
 
 
+def weight_bytes(model: ModelProfile, work: IterationWork) -> float:
+    """The weights the GEMMs read once per iteration: the body's, and the head's when any head row runs."""
+    return model.body_weight_bytes + (model.head_weight_bytes if work.head_rows else 0)
+
+
+def kv_bytes(model: ModelProfile, work: IterationWork) -> float:
+    """The KV attention reads (every row's cached context) and writes (every new token's)."""
+    return model.kv_bytes_per_token * (work.kv_tokens_read + work.num_tokens)
+
+
 def bytes_moved(model: ModelProfile, work: IterationWork) -> float:
-    weights = model.body_weight_bytes + (model.head_weight_bytes if work.head_rows else 0)
-    return weights + model.kv_bytes_per_token * (work.kv_tokens_read + work.num_tokens)
+    return weight_bytes(model, work) + kv_bytes(model, work)
 
 
 def host_seconds(hardware: HardwareProfile, work: IterationWork, role: str) -> float:

@@ -32,6 +32,12 @@ class HardwareProfile:
     whole input, its cached prefix included); row_overhead_s: host cost per row of a generator iteration;
     sequence_overhead_s: host cost per live sequence (scheduled or not) of a generator iteration, 0 where
     the profile folds it into the other two (files without the field read as 0).
+    layer_kernel_s: device time per layer of an iteration's kernels that neither the GEMM nor the attention
+    roofline carries (norms, rotary, activation, residual adds, KV writes, kernel ramps); 0 where the profile
+    folds them into its fixed costs (the CPU's; files without the field read as 0).
+    phase_rooflines: the GEMM and attention phases each on their own roofline, their times added (measured on
+    a GPU, docs/simulator.md "The cost model"); False keeps one roofline over the whole iteration, as the CPU
+    profile was fitted and validated (files without the field read as False).
     memory_utilization: share of memory_bytes the two engines may take; reserved_bytes: of that, what
     activations and workspaces keep (the rest after both models' weights is KV cache)."""
 
@@ -51,6 +57,8 @@ class HardwareProfile:
     multiprocessors: int = 0
     gemm_half_wave: float = 0.0
     prm_token_overhead_s: float = 0.0
+    layer_kernel_s: float = 0.0
+    phase_rooflines: bool = False
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
