@@ -64,9 +64,9 @@ def test_every_docs_bench_path_named_exists():
 
 def test_the_check_reads_placeholders_and_sees_a_dangling_path():
     text = ("`docs/bench/<sub-command>/`, docs/bench/sim-validation/FIT/ladder, `docs/bench/sim/<run>/`, "
-            "(`docs/bench/profile-prm.md`). `docs/bench/no-such-run/summary.json`, docs/bench/sim/a100-7b-perfect-0.1 "
+            "(`docs/bench/profile-prm.md`). `docs/bench/no-such-run/summary.json`, docs/bench/sim/a100-7b-perfect-0.1-controls "
             "![soak](bench/soak/soak.png) ![gone](bench/gone.png)")
-    assert named_paths(text) >= {"docs/bench/profile-prm.md", "docs/bench/sim/a100-7b-perfect-0.1",
+    assert named_paths(text) >= {"docs/bench/profile-prm.md", "docs/bench/sim/a100-7b-perfect-0.1-controls",
                                  "docs/bench/soak/soak.png"}
     assert checked_part("docs/bench/sim-validation/FIT/ladder") == "docs/bench/sim-validation"
     assert checked_part("docs/bench/sim/<run>/") == "docs/bench/sim"
