@@ -24,11 +24,12 @@ A single roofline over the whole iteration (max of the summed FLOPs and summed b
 reads hide behind its GEMMs; the H200 probe shows they do not (docs/BENCHMARKS.md, "The GPU cost model,
 measured"), so the GPU profiles set `phase_rooflines`. The CPU profile keeps the single roofline: its fit
 (specscale_lab/calibration/cpu_fit.py) and its validation against real runs were made with it, and the toy
-models' weights and KV sit in the CPU's caches, so its bandwidth is not a DRAM figure a phase could bind on. `fixed(role)` is the hardware's iteration_fixed_s for the generator and
-prm_iteration_fixed_s for a PRM batch; `host` is, for a generator iteration, rows x row_overhead_s
-(sampling, stop detection and bookkeeping per row) + live sequences x sequence_overhead_s (the scheduler's
-scan and the search's bookkeeping over every sequence the engine holds, scheduled or not: speculative and
-paused ones too); for a PRM batch, prm_token_overhead_s per input token of every scored sequence (c + n:
+models' weights and KV sit in the CPU's caches, so its bandwidth is not a DRAM figure a phase could bind on.
+`fixed(role)` is the hardware's iteration_fixed_s for the generator and prm_iteration_fixed_s for a PRM
+batch; `host` is, for a generator iteration, rows x row_overhead_s (sampling, stop detection and
+bookkeeping per row) + live sequences x sequence_overhead_s (the scheduler's scan and the search's
+bookkeeping over every sequence the engine holds, scheduled or not: speculative and paused ones too); for a
+PRM batch, prm_token_overhead_s per input token of every scored sequence (c + n:
 the PRM input is tokenised whole for every call). On the CPU the host terms are fitted from `specscale
 bench characterize` (docs/simulator.md, "The CPU profile").
 """
