@@ -23,6 +23,7 @@ import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from specscale.sim.cost import IterationWork, device_seconds
 from specscale.sim.hardware import HardwareProfile
@@ -59,19 +60,36 @@ GRID = {"compute_efficiency": (0.40, 0.80), "bandwidth_efficiency": (0.60, 1.00)
         "layer_kernel_s": (0.0, 150e-6)}
 
 
-def points(probe: dict, shape: str) -> list[tuple[IterationWork, ModelProfile, float]]:
-    """(work, model, measured graph seconds) of every decode iteration and PRM call probed on `shape`."""
+class ProbedIteration(NamedTuple):
+    """One decode iteration or PRM call of the probe: what it computed and its measured seconds."""
+
+    label: str
+    work: IterationWork
+    model: ModelProfile
+    seconds: float  # CUDA-graph replay: the GPU's work only
+    eager_s: float | None  # launched from Python, where the probe timed it
+
+
+def points(probe: dict, shape: str) -> list[ProbedIteration]:
+    """Every decode iteration and PRM call probed on `shape`."""
     measured = probe["models"][shape]
     generator, prm = ModelProfile.load(shape), ModelProfile.load(PRM_SHAPE)
-    return ([(decode_work(d), generator, d["graph_s"]) for d in measured["decode"]]
-            + [(prefill_work(p), prm, p["graph_s"]) for p in measured.get("prefill", [])])
+    decodes = [ProbedIteration(f"decode {d['rows']} x {d['context']}", decode_work(d), generator, d["graph_s"],
+                               d.get("eager_s")) for d in measured["decode"]]
+    calls = [ProbedIteration(f"PRM {p['sequences']} x {p['new']} over {p['cached']}", prefill_work(p), prm,
+                             p["graph_s"], p["eager_s"]) for p in measured.get("prefill", [])]
+    return decodes + calls
 
 
-def squared_error(hardware: HardwareProfile, probed: list) -> float:
-    return sum((device_seconds(hardware, model, work) / seconds - 1) ** 2 for work, model, seconds in probed)
+def relative_error(hardware: HardwareProfile, point: ProbedIteration) -> float:
+    return device_seconds(hardware, point.model, point.work) / point.seconds - 1
 
 
-def fit(hardware: HardwareProfile, probed: list, steps: int = 9, rounds: int = 3) -> HardwareProfile:
+def squared_error(hardware: HardwareProfile, probed: list[ProbedIteration]) -> float:
+    return sum(relative_error(hardware, point) ** 2 for point in probed)
+
+
+def fit(hardware: HardwareProfile, probed: list[ProbedIteration], steps: int = 9, rounds: int = 3) -> HardwareProfile:
     """The GRID's four parameters of least squared relative error: a grid of `steps` per parameter, then
     `rounds - 1` finer grids around the best point."""
     spans = dict(GRID)
@@ -91,22 +109,18 @@ def fit(hardware: HardwareProfile, probed: list, steps: int = 9, rounds: int = 3
 
 
 def table(probe: dict, profiles: dict[str, HardwareProfile], shape: str) -> list[str]:
-    measured = probe["models"][shape]
-    labels = ([f"decode {d['rows']} x {d['context']}" for d in measured["decode"]]
-              + [f"PRM {p['sequences']} x {p['new']} over {p['cached']}" for p in measured.get("prefill", [])])
-    eager = [p.get("eager_s") for p in measured["decode"] + measured.get("prefill", [])]
     lines = [f"| {shape} | measured graph ms | eager ms | " + " | ".join(f"{n} ms (× measured)" for n in profiles)
              + " |", "| --- | ---: | ---: |" + " ---: |" * len(profiles)]
-    for label, (work, model, seconds), eager_s in zip(labels, points(probe, shape), eager, strict=True):
-        cells = [f"{device_seconds(hw, model, work) * 1e3:.2f} ({device_seconds(hw, model, work) / seconds:.2f})"
+    for point in points(probe, shape):
+        cells = [f"{device_seconds(hw, point.model, point.work) * 1e3:.2f} ({relative_error(hw, point) + 1:.2f})"
                  for hw in profiles.values()]
-        lines.append(f"| {label} | {seconds * 1e3:.2f} | {'' if eager_s is None else f'{eager_s * 1e3:.2f}'} | "
-                     + " | ".join(cells) + " |")
+        eager = "" if point.eager_s is None else f"{point.eager_s * 1e3:.2f}"
+        lines.append(f"| {point.label} | {point.seconds * 1e3:.2f} | {eager} | " + " | ".join(cells) + " |")
     return lines
 
 
-def worst(hardware: HardwareProfile, probed: list) -> float:
-    return max(abs(device_seconds(hardware, model, work) / seconds - 1) for work, model, seconds in probed)
+def worst(hardware: HardwareProfile, probed: list[ProbedIteration]) -> float:
+    return max(abs(relative_error(hardware, point)) for point in probed)
 
 
 def main() -> int:

@@ -104,8 +104,7 @@ def device_seconds(hardware: HardwareProfile, model: ModelProfile, work: Iterati
     profile without `phase_rooflines` (the CPU's), one roofline over the whole iteration."""
     kernels = model.num_layers * hardware.layer_kernel_s
     if not hardware.phase_rooflines:
-        attention = model.attention_flops_per_key * work.attended_keys / hardware.achievable_flops
-        compute = compute_seconds(hardware, model, work) + attention
+        compute = compute_seconds(hardware, model, work) + attention_compute_seconds(hardware, model, work)
         return kernels + max(compute, bytes_moved(model, work) / hardware.achievable_bandwidth)
     return gemm_seconds(hardware, model, work) + attention_seconds(hardware, model, work) + kernels
 
@@ -115,8 +114,12 @@ def gemm_seconds(hardware: HardwareProfile, model: ModelProfile, work: Iteration
 
 
 def attention_seconds(hardware: HardwareProfile, model: ModelProfile, work: IterationWork) -> float:
-    compute = model.attention_flops_per_key * work.attended_keys / hardware.achievable_flops
-    return max(compute, kv_bytes(model, work) / hardware.achievable_bandwidth)
+    return max(attention_compute_seconds(hardware, model, work), kv_bytes(model, work) / hardware.achievable_bandwidth)
+
+
+def attention_compute_seconds(hardware: HardwareProfile, model: ModelProfile, work: IterationWork) -> float:
+    """Attention's FLOPs at the saturated rate."""
+    return model.attention_flops_per_key * work.attended_keys / hardware.achievable_flops
 
 
 def flops(model: ModelProfile, work: IterationWork) -> float:
