@@ -2,6 +2,7 @@
 
     python benchmarks/sim_sensitivity.py split                  # the paper's time split, beam N = 4 (calibration)
     python benchmarks/sim_sensitivity.py ladder --out DIR       # specscale / beam at N = 8 per perturbed parameter
+    python benchmarks/sim_sensitivity.py work --out FILE.md     # where each variant's time goes; what batching could win
 
 `split` serves 100 MATH-500 problems with non-speculative beam search at N = 4 (Qwen2.5-7B-Instruct +
 Qwen2.5-Math-PRM-7B on the A100 profile, 32 in flight) on a cost model that books every iteration's
@@ -14,6 +15,15 @@ the host costs per PRM input token and per generator row that would make the hos
 with the bundled profile and preset and once per perturbation below (a hardware or workload JSON with one
 number changed, passed with `--hardware` / `--workload`), and prints `specscale / beam` and its change for
 each: the sensitivity column. Simulations run on the virtual clock: no CPU lock, run it with `nice`.
+
+`work` serves the same problems with each variant (A100, the 7B generator unless `--generator` names
+another, 32 in flight) and books every iteration's seconds by part: the per-iteration costs (fixed, host,
+per-layer kernels) and the device's GEMM and attention time, with the work done (generator iterations and
+rows, PRM engine iterations and computed tokens). A PRM iteration's fixed and per-layer-kernel seconds are
+what batching the PRM can remove, so it also gives each variant's `/ beam` ratio as it would be with
+knee-sized PRM calls (the lazy-verification ideal: every computed token in calls of the knee's size) and
+with no per-call PRM cost at all, against the measured `beam`: the most any batching of the same
+verification work could win.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import argparse
 import json
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -69,11 +80,12 @@ PERTURBATIONS = (
 
 
 class BookedCostModel(RooflineCostModel):
-    """The roofline, booking each iteration's seconds by role: total, fixed, host; PRM input tokens, rows."""
+    """The roofline, booking each iteration's seconds by role: total, fixed, host and per-layer kernels; the
+    iterations, their computed tokens and rows, and the PRM input tokens (generator: rows) as "units"."""
 
     def __init__(self, hardware: HardwareProfile):
         super().__init__(hardware)
-        self.book = {role: {"seconds": 0.0, "fixed": 0.0, "host": 0.0, "units": 0} for role in ("generator", "prm")}
+        self.book = empty_book()
 
     def iteration_seconds(self, model, work, role):
         seconds = super().iteration_seconds(model, work, role)
@@ -81,8 +93,17 @@ class BookedCostModel(RooflineCostModel):
         book["seconds"] += seconds
         book["fixed"] += fixed_seconds(self.hardware, role)
         book["host"] += host_seconds(self.hardware, work, role)
+        book["kernels"] += model.num_layers * self.hardware.layer_kernel_s
+        book["iterations"] += 1
+        book["tokens"] += work.num_tokens
+        book["rows"] += work.num_rows
         book["units"] += prm_input_tokens(work) if role == "prm" else work.num_rows
         return seconds
+
+
+def empty_book() -> dict[str, dict[str, float]]:
+    parts = ("seconds", "fixed", "host", "kernels", "iterations", "tokens", "rows", "units")
+    return {role: dict.fromkeys(parts, 0) for role in ("generator", "prm")}
 
 
 def split(problems: int, beam_size: int) -> dict:
@@ -92,7 +113,7 @@ def split(problems: int, beam_size: int) -> dict:
     requests = [sim.request(p, preset_config("beam", beam_size=beam_size, seed=i), f"q{i}")
                 for i, p in enumerate(sim.problems(problems))]
     runtime = sim.runtime(max_concurrency=32)  # prices the LV threshold's profile batches on the cost model
-    cost.book = BookedCostModel(hardware).book  # which the clock never ran
+    cost.book = empty_book()  # which the clock never ran
     runtime.run(requests)
     sim.close()
     generator, prm = cost.book["generator"], cost.book["prm"]
@@ -110,6 +131,67 @@ def split(problems: int, beam_size: int) -> dict:
         "prm_token_overhead_s_for_paper": PAPER_OTHER_SHARE * PAPER_TOKENISE_SHARE * scale * base / prm["units"],
         "row_overhead_s_for_paper": PAPER_OTHER_SHARE * (1 - PAPER_TOKENISE_SHARE) * scale * base / generator["units"],
     }
+
+
+# ---- where each variant's time goes --------------------------------------------------------------------
+def booked_run(variant: str, problems: int, beam_size: int, generator: str = GENERATOR) -> dict:
+    """One variant's run on a booked cost model: its seconds and work by role and part, its output tokens,
+    and the PRM's knee and per-call cost (fixed plus per-layer kernels) on this device."""
+    hardware = HardwareProfile.load(HARDWARE)
+    cost = BookedCostModel(hardware)
+    sim = Simulation(SimulationConfig(hardware=HARDWARE, generator=generator, prm=PRM, dataset=DATASET), cost)
+    requests = [sim.request(p, preset_config(variant, beam_size=beam_size, seed=i), f"q{i}")
+                for i, p in enumerate(sim.problems(problems))]
+    runtime = sim.runtime(max_concurrency=32)
+    cost.book = empty_book()
+    start = sim.clock()
+    results = runtime.run(requests)
+    elapsed = sim.clock() - start
+    sim.close()
+    per_call = fixed_seconds(hardware, "prm") + sim.prm_profile.num_layers * hardware.layer_kernel_s
+    return {"variant": variant, "generator_model": generator, "elapsed_s": elapsed, "output_tokens": sum(r.usage.output_tokens for r in results),
+            "knee_tokens": sim.lv_threshold_tokens, "prm_per_call_s": per_call, **cost.book}
+
+
+def bounded(run: dict, beam_tok_s: float) -> dict:
+    """The run's `/ beam` ratio measured, and with its PRM per-call seconds replaced by those of knee-sized
+    calls over the same computed tokens, or removed (the same work, batched as well as it could be)."""
+    prm = run["prm"]
+    per_call_paid = prm["fixed"] + prm["kernels"]
+    knee_calls = -(-prm["tokens"] // run["knee_tokens"])  # ceil: every computed token in calls of the knee's size
+    ratio = lambda seconds: run["output_tokens"] / seconds / beam_tok_s  # noqa: E731
+    return {"measured": ratio(run["elapsed_s"]),
+            "knee_calls": ratio(run["elapsed_s"] - per_call_paid + knee_calls * run["prm_per_call_s"]),
+            "no_per_call": ratio(run["elapsed_s"] - per_call_paid)}
+
+
+def work(problems: int, beam_size: int, variants: list[str], workers: int, generator: str = GENERATOR) -> list[dict]:
+    if variants[0] != "beam":
+        raise ValueError("the first variant must be beam (the ratios' base)")
+    count = len(variants)
+    with ProcessPoolExecutor(workers) as pool:
+        runs = list(pool.map(booked_run, variants, [problems] * count, [beam_size] * count, [generator] * count))
+    beam_tok_s = runs[0]["output_tokens"] / runs[0]["elapsed_s"]
+    return [{**run, "ratios": bounded(run, beam_tok_s)} for run in runs]
+
+
+def work_markdown(runs: list[dict], problems: int, beam_size: int) -> str:
+    header = ("| variant | s | × beam | × beam, knee-sized PRM calls | × beam, no per-call PRM cost "
+              "| generator iterations | rows / iteration | generator s: per-iteration / the rest "
+              "| PRM iterations | PRM tokens computed | PRM s: per-call / the rest |")
+    lines = [f"{problems} problems, N = {beam_size}, {runs[0]['generator_model']} + {PRM} on {HARDWARE}, 32 in flight; "
+             f"the PRM's knee {runs[0]['knee_tokens']:,} tokens, {1e3 * runs[0]['prm_per_call_s']:.2f} ms per call "
+             "(fixed and per-layer kernels; per iteration of the PRM engine: a call of several waves pays it for each).",
+             "", header, "|" + " --- |" * header.count(" | ") + " --- |"]
+    for run in runs:
+        gen, prm, r = run["generator"], run["prm"], run["ratios"]
+        gen_fixed = gen["fixed"] + gen["kernels"]  # per iteration; the rest: the device's GEMM, attention, host per row
+        prm_per_call = prm["fixed"] + prm["kernels"]
+        lines.append(f"| {run['variant']} | {run['elapsed_s']:.1f} | {r['measured']:.3f} | {r['knee_calls']:.3f} "
+                     f"| {r['no_per_call']:.3f} | {gen['iterations']:,} | {gen['rows'] / max(gen['iterations'], 1):.1f} "
+                     f"| {gen_fixed:.1f} / {gen['seconds'] - gen_fixed:.1f} | {prm['iterations']:,} "
+                     f"| {prm['tokens']:,} | {prm_per_call:.1f} / {prm['seconds'] - prm_per_call:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 # ---- the ladder per perturbation --------------------------------------------------------------------
@@ -173,9 +255,24 @@ def main(argv: list[str] | None = None) -> int:
     many.add_argument("--problems", type=int, default=100)
     many.add_argument("--workers", type=int, default=2)
     many.add_argument("--only", type=lambda text: text.split(","), default=None, help="fields to perturb")
+    booked = sub.add_parser("work", help="where each variant's time goes; what batching the PRM could win")
+    booked.add_argument("--out", type=Path, required=True, help="markdown table; its .json beside it")
+    booked.add_argument("--problems", type=int, default=100)
+    booked.add_argument("--beam-size", type=int, default=8)
+    booked.add_argument("--variants", type=lambda text: text.split(","),
+                        default="beam,beam+cd,beam+cd+lv,ep,ep+cd,specscale-nospec,specscale".split(","))
+    booked.add_argument("--workers", type=int, default=2)
+    booked.add_argument("--generator", default=GENERATOR, help="a bundled generator shape")
     args = parser.parse_args(argv)
     if args.command == "split":
         print(json.dumps(split(args.problems, args.beam_size), indent=2))
+        return 0
+    if args.command == "work":
+        runs = work(args.problems, args.beam_size, args.variants, args.workers, args.generator)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(work_markdown(runs, args.problems, args.beam_size))
+        args.out.with_suffix(".json").write_text(json.dumps(runs, indent=2))
+        print(args.out.read_text())
         return 0
     print("| parameter perturbed | specscale / beam, N = 8 | change | beam output tok/s |\n| --- | --- | --- | --- |")
     ladder(args.out, args.problems, args.workers, args.only)
