@@ -81,7 +81,7 @@ PERTURBATIONS = (
 
 class BookedCostModel(RooflineCostModel):
     """The roofline, booking each iteration's seconds by role: total, fixed, host and per-layer kernels; the
-    iterations, their computed tokens and rows, and the PRM input tokens (generator: rows) as "units"."""
+    iterations, their computed tokens and rows, and (PRM) the input tokens its calls score, cached ones included."""
 
     def __init__(self, hardware: HardwareProfile):
         super().__init__(hardware)
@@ -97,39 +97,31 @@ class BookedCostModel(RooflineCostModel):
         book["iterations"] += 1
         book["tokens"] += work.num_tokens
         book["rows"] += work.num_rows
-        book["units"] += prm_input_tokens(work) if role == "prm" else work.num_rows
+        if role == "prm":
+            book["input_tokens"] += prm_input_tokens(work)
         return seconds
 
 
 def empty_book() -> dict[str, dict[str, float]]:
-    parts = ("seconds", "fixed", "host", "kernels", "iterations", "tokens", "rows", "units")
-    return {role: dict.fromkeys(parts, 0) for role in ("generator", "prm")}
+    parts = ("seconds", "fixed", "host", "kernels", "iterations", "tokens", "rows")
+    return {"generator": dict.fromkeys(parts, 0), "prm": dict.fromkeys((*parts, "input_tokens"), 0)}
 
 
 def split(problems: int, beam_size: int) -> dict:
-    hardware = HardwareProfile.load(HARDWARE)
-    cost = BookedCostModel(hardware)
-    sim = Simulation(SimulationConfig(hardware=HARDWARE, generator=GENERATOR, prm=PRM, dataset=DATASET), cost)
-    requests = [sim.request(p, preset_config("beam", beam_size=beam_size, seed=i), f"q{i}")
-                for i, p in enumerate(sim.problems(problems))]
-    runtime = sim.runtime(max_concurrency=32)  # prices the LV threshold's profile batches on the cost model
-    cost.book = empty_book()  # which the clock never ran
-    runtime.run(requests)
-    sim.close()
-    generator, prm = cost.book["generator"], cost.book["prm"]
-    total = sim.clock()
+    run = booked_run("beam", problems, beam_size)
+    generator, prm, total = run["generator"], run["prm"], run["elapsed_s"]
     base = total - generator["host"] - prm["host"]  # the run without the calibrated host terms
     scale = 1 / (1 - PAPER_OTHER_SHARE)  # host share h of the run with them: H = h / (1 - h) x base
     return {
         "simulated_s": total, "generation_s": generator["seconds"], "verification_s": prm["seconds"],
         "generation_over_verification": generator["seconds"] / prm["seconds"],
         "generator_fixed_s": generator["fixed"], "generator_host_s": generator["host"],
-        "prm_fixed_s": prm["fixed"], "prm_host_s": prm["host"], "prm_calls_input_tokens": prm["units"],
-        "generator_rows": generator["units"],
+        "prm_fixed_s": prm["fixed"], "prm_host_s": prm["host"], "prm_calls_input_tokens": prm["input_tokens"],
+        "generator_rows": generator["rows"],
         "host_share": (generator["host"] + prm["host"]) / total,
         "tokenise_share": prm["host"] / total,
-        "prm_token_overhead_s_for_paper": PAPER_OTHER_SHARE * PAPER_TOKENISE_SHARE * scale * base / prm["units"],
-        "row_overhead_s_for_paper": PAPER_OTHER_SHARE * (1 - PAPER_TOKENISE_SHARE) * scale * base / generator["units"],
+        "prm_token_overhead_s_for_paper": PAPER_OTHER_SHARE * PAPER_TOKENISE_SHARE * scale * base / prm["input_tokens"],
+        "row_overhead_s_for_paper": PAPER_OTHER_SHARE * (1 - PAPER_TOKENISE_SHARE) * scale * base / generator["rows"],
     }
 
 
@@ -142,15 +134,15 @@ def booked_run(variant: str, problems: int, beam_size: int, generator: str = GEN
     sim = Simulation(SimulationConfig(hardware=HARDWARE, generator=generator, prm=PRM, dataset=DATASET), cost)
     requests = [sim.request(p, preset_config(variant, beam_size=beam_size, seed=i), f"q{i}")
                 for i, p in enumerate(sim.problems(problems))]
-    runtime = sim.runtime(max_concurrency=32)
-    cost.book = empty_book()
+    runtime = sim.runtime(max_concurrency=32)  # prices the LV threshold's profile batches on the cost model,
+    cost.book = empty_book()  # which the clock never ran
     start = sim.clock()
     results = runtime.run(requests)
     elapsed = sim.clock() - start
     sim.close()
     per_call = fixed_seconds(hardware, "prm") + sim.prm_profile.num_layers * hardware.layer_kernel_s
-    return {"variant": variant, "generator_model": generator, "elapsed_s": elapsed, "output_tokens": sum(r.usage.output_tokens for r in results),
-            "knee_tokens": sim.lv_threshold_tokens, "prm_per_call_s": per_call, **cost.book}
+    return {"variant": variant, "generator_model": generator, "elapsed_s": elapsed,
+            "output_tokens": sum(r.usage.output_tokens for r in results), "knee_tokens": sim.lv_threshold_tokens, "prm_per_call_s": per_call, **cost.book}
 
 
 def bounded(run: dict, beam_tok_s: float) -> dict:
@@ -159,7 +151,10 @@ def bounded(run: dict, beam_tok_s: float) -> dict:
     prm = run["prm"]
     per_call_paid = prm["fixed"] + prm["kernels"]
     knee_calls = -(-prm["tokens"] // run["knee_tokens"])  # ceil: every computed token in calls of the knee's size
-    ratio = lambda seconds: run["output_tokens"] / seconds / beam_tok_s  # noqa: E731
+
+    def ratio(seconds: float) -> float:
+        return run["output_tokens"] / seconds / beam_tok_s
+
     return {"measured": ratio(run["elapsed_s"]),
             "knee_calls": ratio(run["elapsed_s"] - per_call_paid + knee_calls * run["prm_per_call_s"]),
             "no_per_call": ratio(run["elapsed_s"] - per_call_paid)}

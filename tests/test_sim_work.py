@@ -25,7 +25,7 @@ def test_the_books_account_for_every_simulated_second(runs):
         assert generator["seconds"] + prm["seconds"] == pytest.approx(run["elapsed_s"], rel=1e-9)
         assert prm["fixed"] + prm["kernels"] == pytest.approx(prm["iterations"] * run["prm_per_call_s"])
         assert generator["fixed"] == pytest.approx(generator["iterations"] * hardware.iteration_fixed_s)
-        assert 0 < prm["tokens"] <= prm["units"] and generator["rows"] >= generator["iterations"] > 0
+        assert 0 < prm["tokens"] <= prm["input_tokens"] and generator["rows"] >= generator["iterations"] > 0
 
 
 def test_the_bounds_only_remove_per_call_seconds(runs):
