@@ -3,7 +3,7 @@ and PRM call beside what a hardware profile predicts for it, and the device-side
 probe alone (never from a throughput ladder).
 
 Compared is the probe's CUDA-graph time (the GPU's work, no host time) with the profile's device seconds
-(specscale/sim/cost.py `device_seconds`: its iteration seconds less the host terms, since the fixed and
+(specscale/costmodel/cost.py `device_seconds`: its iteration seconds less the host terms, since the fixed and
 per-row costs are host-side: scheduling, sampling, launches); the eager times are reported beside it.
 
 Fitted jointly, least squares of the relative error over the first shape's decode iterations and PRM calls:
@@ -25,9 +25,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
-from specscale.sim.cost import IterationWork, device_seconds
-from specscale.sim.hardware import HardwareProfile
-from specscale.sim.model_profile import ModelProfile
+from specscale.costmodel.cost import IterationWork, device_seconds
+from specscale.costmodel.hardware import HardwareProfile
+from specscale.costmodel.model_profile import ModelProfile
 
 BODY_LINEARS = ("qkv", "o", "gate_up", "down")
 PRM_SHAPE = "qwen2.5-math-prm-7b"  # the probe's PRM calls run Qwen2.5-7B's body with this model's score head

@@ -1,6 +1,6 @@
-"""What the simulator's roofline (specscale/sim/cost.py) charges, measured on one CUDA GPU.
+"""What the simulator's roofline (specscale/costmodel/cost.py) charges, measured on one CUDA GPU.
 
-The simulated ladders rest on a hardware profile (specscale/sim/data/hardware/*.json) whose efficiencies
+The simulated ladders rest on a hardware profile (specscale/costmodel/data/hardware/*.json) whose efficiencies
 and fixed costs were datasheet figures and assumptions. This probe measures them on the device itself, for
 a model's real shape with random bf16 weights (no checkpoint, no download; needs only torch):
 
@@ -307,7 +307,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shapes", nargs="+", default=["qwen2.5-7b-instruct", "qwen2.5-3b-instruct"],
-                        help="model folders under specscale/sim/data/models; the first gets the full sweep "
+                        help="model folders under specscale/costmodel/data/models; the first gets the full sweep "
                              "and the PRM calls (Qwen2.5-Math-PRM-7B's body is Qwen2.5-7B's)")
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--compiled", action="store_true", help="also time torch.compile'd layers")

@@ -36,9 +36,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from specscale.costmodel.cost import RooflineCostModel, fixed_seconds, host_seconds, prm_input_tokens
+from specscale.costmodel.hardware import HardwareProfile
 from specscale.search.presets import preset_config
-from specscale.sim.cost import RooflineCostModel, fixed_seconds, host_seconds, prm_input_tokens
-from specscale.sim.hardware import HardwareProfile
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.workload import preset
 

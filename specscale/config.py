@@ -87,7 +87,7 @@ class SearchConfig:
     "lazy" (queued as it finishes, flushed on the lazy-verification triggers), "lazy_round" (a round at once,
     queued as "lazy" is: an ablation), "per_request" (FastTTS: one PRM call per round per request). lv_policy: which triggers flush lazy steps, "fixed" (threshold, sibling group,
     deferral and age caps) or "adaptive" (sibling group, or waiting time, speculative work and KV pressure
-    against the lv_*_budget fields; search/lazy_flush.py); the token threshold is the verifier's (the
+    against the lv_*_budget fields; runtime/lazy_flush.py); the token threshold is the verifier's (the
     runtime's), never a request's. lv_flush_scope: what a trigger flushes, "queue" (every queued lazy step of
     every request: the paper's lazy verification) or "request" (the triggering request's steps only: an
     ablation). lv_ride_along: lazy steps join any PRM batch that runs anyway (None: on with the queue scope;

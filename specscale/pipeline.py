@@ -15,15 +15,15 @@ import torch
 
 from specscale.chat_text import render_chat_text
 from specscale.config import EngineConfig, SearchConfig
+from specscale.costmodel.model_profile import ModelProfile
+from specscale.costmodel.prm_knee import cost_model_knee
+from specscale.costmodel.row_budget import device_cost_model, resolve_row_budget
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.engine.decode_profile import load_row_budget
 from specscale.engine.engine import Engine
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
-from specscale.search.backend import VerifierBackend
-from specscale.search.runtime import SearchRequest
-from specscale.sim.model_profile import ModelProfile
-from specscale.sim.prm_knee import cost_model_knee
-from specscale.sim.row_budget import device_cost_model, resolve_row_budget
+from specscale.runtime.backend import VerifierBackend
+from specscale.runtime.runtime import SearchRequest
 from specscale.stack import DeviceProperties, Stack
 from specscale.verify.prm import Verifier, VerifierConfig
 from specscale.verify.profile import load_lv_threshold, profile_at_start, resolve_lv_threshold
@@ -46,7 +46,7 @@ class PipelineConfig:
     prm_kv_gb: float = 1.0
     max_num_seqs: int = 512
     spare_rows: int | None = None  # speculative rows fill an iteration up to this many; None: the device's
-    # budget from its cost model (sim/row_budget.py), unbounded on a device without a profile
+    # budget from its cost model (costmodel/row_budget.py), unbounded on a device without a profile
     max_concurrency: int = 32
     lv_threshold_tokens: int | None = None
     system_prompt: str = TOY_GENERATOR_SYSTEM_PROMPT

@@ -5,7 +5,7 @@ Two stacks build one: `pipeline.py` `Pipeline` on real checkpoints (wall clock) 
 `Simulation` on simulated models (virtual clock, docs/simulator.md). Each resolves the device properties
 through the same one function per property, before it builds its engines:
 
-- the speculative row budget: `sim/row_budget.py` `resolve_row_budget` (the device's cost model);
+- the speculative row budget: `costmodel/row_budget.py` `resolve_row_budget` (the device's cost model);
 - the lazy-verification threshold: `verify/profile.py` `resolve_lv_threshold` (the PRM's profiled knee).
 
 The CLI, the server (`server/search_stack.py`) and the benchmarks take runtimes from a stack
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from specscale.answers import read_answers
 from specscale.engine.engine import Engine
-from specscale.search.backend import GeneratorBackend, VerifierBackend
-from specscale.search.engine_backend import EngineBackend
-from specscale.search.runtime import SearchRuntime
+from specscale.engine.generator_backend import EngineBackend
+from specscale.runtime.backend import GeneratorBackend, VerifierBackend
+from specscale.runtime.runtime import SearchRuntime
 from specscale.verify.prm import Verifier
 
 

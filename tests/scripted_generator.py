@@ -1,11 +1,11 @@
-"""ScriptedGenerator: a deterministic `GeneratorBackend` (search/backend.py) on a virtual clock, for exact
+"""ScriptedGenerator: a deterministic `GeneratorBackend` (runtime/backend.py) on a virtual clock, for exact
 tests of the search logic (the real engine and PRM are tested end to end elsewhere).
 
 Step texts are a function of (prefix tokens, seed): a row of multiplicity m stands for m logical copies
 (lanes) with its m lane seeds (`lane_seeds`, else s..s+m-1 for params.seed s) — exactly the seeds of the
 children it replaces — and splits where their scripted texts diverge, as the real engine's laned multi-draw
 sampling does: each split row carries the lanes of its copies and takes the next id the starting operation
-reserved (search/backend.py). Each iteration emits one token per generating row and advances the clock
+reserved (runtime/backend.py). Each iteration emits one token per generating row and advances the clock
 by `decode_cost`. Tokens 0..25 are the letters a..z, then a space, a newline and EOS.
 """
 

@@ -1,4 +1,4 @@
-"""ScriptedVerifier: a deterministic `VerifierBackend` (search/backend.py) on a virtual clock, for exact
+"""ScriptedVerifier: a deterministic `VerifierBackend` (runtime/backend.py) on a virtual clock, for exact
 tests of the search logic: step j's score is a fixed function of (question, steps 1..j), and a call
 advances the clock by `prm_cost`."""
 

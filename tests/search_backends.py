@@ -18,7 +18,7 @@ from scripted_verifier import ScriptedVerifier
 from specscale.answers import read_answers
 from specscale.config import SearchConfig
 from specscale.pipeline import Pipeline, PipelineConfig
-from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale_lab.tasks.toy import toy_problems

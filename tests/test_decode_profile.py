@@ -2,6 +2,10 @@
 
 import pytest
 
+from specscale.costmodel.cost import RooflineCostModel
+from specscale.costmodel.hardware import HardwareProfile
+from specscale.costmodel.model_profile import ModelProfile
+from specscale.costmodel.row_budget import resolve_row_budget
 from specscale.defaults import TOY_GENERATOR
 from specscale.engine.decode_profile import (
     DecodeProfileConfig,
@@ -12,10 +16,6 @@ from specscale.engine.decode_profile import (
     save_profile,
 )
 from specscale.pipeline import Pipeline, PipelineConfig, device_properties
-from specscale.sim.cost import RooflineCostModel
-from specscale.sim.hardware import HardwareProfile
-from specscale.sim.model_profile import ModelProfile
-from specscale.sim.row_budget import resolve_row_budget
 
 
 def test_a_cpu_like_curve_gives_fixed_cost_over_per_row_cost():

@@ -6,6 +6,7 @@ sequence ends."""
 import dataclasses
 
 from engine_helpers import make_engine
+from specscale.engine.generator_backend import EngineBackend
 from specscale.seam import (
     AbortSequence,
     BranchSequence,
@@ -16,7 +17,6 @@ from specscale.seam import (
     SequenceState,
     StartSequence,
 )
-from specscale.search.engine_backend import EngineBackend
 
 PROMPT = (5, 17, 42, 99, 120, 7)
 

@@ -8,10 +8,10 @@ import pytest
 
 from scripted_generator import EOS, NEWLINE, ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
+from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.seam import KVUsage, ScoreResult
 from specscale.search.branching import dynamic_children
 from specscale.search.presets import preset_config
-from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.seeds import node_seed
 from specscale.search.selection import BeamSelection
 from specscale.search.tree import CandidateState

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specscale.sim.hardware import HardwareProfile
+from specscale.costmodel.hardware import HardwareProfile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu_cost_fit  # noqa: E402

@@ -76,7 +76,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walk_sees_the_imports():
     graph = import_graph()
     assert "specscale.engine.engine" in graph["specscale.verify.prm"]
-    assert "specscale.search.backend" in graph["specscale.search.runtime"]
+    assert "specscale.runtime.backend" in graph["specscale.runtime.runtime"]
 
 
 def test_no_module_imports_itself_through_others():
@@ -131,4 +131,25 @@ def test_the_seam_is_a_leaf_that_every_side_imports():
     assert seam and all(t.startswith("specscale.seam") for targets in seam.values() for t in targets)
     importers = {package_of(name) for name, targets in graph.items()
                  if any(t.startswith("specscale.seam") for t in targets) and not name.startswith("specscale.seam")}
-    assert {"specscale.engine", "specscale.verify", "specscale.search", "specscale.scaleout"} <= importers
+    assert {"specscale.engine", "specscale.verify", "specscale.runtime", "specscale.scaleout"} <= importers
+
+
+def simulator_importers(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The system's modules outside the simulator that import it (the lab may: it drives simulations)."""
+    found = {name: {t for t in targets if t.startswith("specscale.sim")} for name, targets in graph.items()
+             if is_system(name) and not name.startswith("specscale.sim")}
+    return {name: targets for name, targets in found.items() if targets}
+
+
+def test_the_serving_path_never_enters_the_simulator():
+    """cli -> serve -> server -> runtime -> search -> engine -> model, and the pipeline beside them, import no
+    module of `specscale/sim/`: the device cost models they need live in `specscale/costmodel/`."""
+    graph = import_graph()
+    assert "specscale.costmodel.row_budget" in graph["specscale.pipeline"]  # the walk sees the cost models
+    assert simulator_importers(graph) == {}
+
+
+def test_a_simulator_import_in_the_serving_path_is_found():
+    graph = {"specscale.pipeline": {"specscale.sim.cost"}, "specscale.sim.simulation": {"specscale.stack"},
+             "specscale_lab.simulate": {"specscale.sim.simulation"}}
+    assert simulator_importers(graph) == {"specscale.pipeline": {"specscale.sim.cost"}}

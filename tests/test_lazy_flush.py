@@ -1,4 +1,4 @@
-"""The adaptive lazy-verification flush policy (search/lazy_flush.py) against the fixed triggers: when each
+"""The adaptive lazy-verification flush policy (runtime/lazy_flush.py) against the fixed triggers: when each
 flushes, step by step in the verify queue, and what that does to a whole run on the scripted backends."""
 
 from dataclasses import replace
@@ -8,10 +8,10 @@ import pytest
 from scripted_generator import ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
 from specscale.config import SearchConfig
-from specscale.search.lazy_flush import AdaptiveBudget, FixedTriggers, FlushSignals, flush_policy
+from specscale.runtime.lazy_flush import AdaptiveBudget, FixedTriggers, FlushSignals, flush_policy
+from specscale.runtime.runtime import SearchRequest, SearchRuntime
+from specscale.runtime.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
 from specscale.search.presets import preset_config
-from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.search.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
 
 THRESHOLD = 1000

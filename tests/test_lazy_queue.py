@@ -7,12 +7,12 @@ from dataclasses import replace
 from scripted_generator import ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
 from specscale.config import SearchConfig
-from specscale.search.lazy_flush import FixedTriggers, flush_policy
+from specscale.runtime.lazy_flush import FixedTriggers, flush_policy
+from specscale.runtime.runtime import SearchRequest, SearchRuntime
+from specscale.runtime.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
 from specscale.search.presets import preset_config
 from specscale.search.protocol import Expand, ScoresArrived, StepFinished, Verify
-from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.search.search import Search
-from specscale.search.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
 
 NEVER = 10**9

@@ -3,10 +3,10 @@ plus the flush policy for eager and per-request (FastTTS) steps, and the runtime
 
 from scripted_generator import ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
-from specscale.search.lazy_flush import FixedTriggers
+from specscale.runtime.lazy_flush import FixedTriggers
+from specscale.runtime.runtime import SearchRequest, SearchRuntime
+from specscale.runtime.verify_queue import AT_ONCE, LAZY, ONE_REQUEST, QueuedStep, VerifyQueue
 from specscale.search.presets import preset_config
-from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.search.verify_queue import AT_ONCE, LAZY, ONE_REQUEST, QueuedStep, VerifyQueue
 from specscale.sim.clock import VirtualClock
 
 NEVER = 10**9

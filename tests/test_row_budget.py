@@ -1,18 +1,18 @@
-"""The speculative row budget (sim/row_budget.py): derived from the device's cost model, the same code on the real
+"""The speculative row budget (costmodel/row_budget.py): derived from the device's cost model, the same code on the real
 engine and the simulator; and speculative rows ranked by their parent's survival chance (search/search.py)."""
 
 import pytest
 
+from specscale.costmodel.cost import CostModel, IterationWork, RooflineCostModel, compute_seconds, weight_bytes
+from specscale.costmodel.hardware import HardwareProfile
+from specscale.costmodel.model_profile import ModelProfile
+from specscale.costmodel.row_budget import hardware_profile_for, speculative_row_budget
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.search.presets import preset_config
 from specscale.search.protocol import Expand, ScoresArrived, SetPriority, StepFinished, Verify
 from specscale.search.search import Search
 from specscale.search.speculation import SPECULATION_BAND
-from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel, compute_seconds, weight_bytes
-from specscale.sim.hardware import HardwareProfile
-from specscale.sim.model_profile import ModelProfile
-from specscale.sim.row_budget import hardware_profile_for, speculative_row_budget
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.workload import TOY
 

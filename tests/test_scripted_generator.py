@@ -1,4 +1,4 @@
-"""The package's scripted generator keeps the backend seam's lane contract (search/backend.py): each lane of a
+"""The package's scripted generator keeps the backend seam's lane contract (runtime/backend.py): each lane of a
 row writes the step its own lane seed scripts, and split rows say which lanes they hold."""
 
 from scripted_generator import ScriptedGenerator, seeded_step

@@ -16,9 +16,9 @@ from pydantic import ValidationError
 
 from checkpoints import build_stepping_generator, build_tokenizer
 from search_backends import scripted_runtime
+from specscale.runtime.runtime import SearchRequest
 from specscale.search.presets import preset_config
 from specscale.search.result import CompletedPath, SearchResult
-from specscale.search.runtime import SearchRequest
 from specscale.server.engine_loop import EngineLoop, Outcome, Refusal, RoundProgress
 from specscale.server.errors import APIError
 from specscale.server.metrics import Histogram, RequestOutcome, ServerMetrics, TokenRate

@@ -7,10 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
-from specscale.engine.sequence import Sequence
-from specscale.search.presets import preset_config
-from specscale.sim.cost import (
+from specscale.costmodel.cost import (
     IterationWork,
     RooflineCostModel,
     bytes_moved,
@@ -18,8 +15,11 @@ from specscale.sim.cost import (
     host_seconds,
     kv_capacity,
 )
-from specscale.sim.hardware import HardwareProfile, bundled_hardware
-from specscale.sim.model_profile import ModelProfile, bundled_models
+from specscale.costmodel.hardware import HardwareProfile, bundled_hardware
+from specscale.costmodel.model_profile import ModelProfile, bundled_models
+from specscale.engine.scheduler import ScheduledBatch, ScheduledRow
+from specscale.engine.sequence import Sequence
+from specscale.search.presets import preset_config
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale_lab.calibration.cpu_fit import fit_cpu_profile
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specscale.sim.hardware import HardwareProfile
+from specscale.costmodel.hardware import HardwareProfile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import sim_sensitivity  # noqa: E402

@@ -12,8 +12,8 @@ import torch
 
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from specscale.cli import build_parser, main
-from specscale.sim.hardware import HardwareProfile
-from specscale.sim.model_profile import ModelProfile
+from specscale.costmodel.hardware import HardwareProfile
+from specscale.costmodel.model_profile import ModelProfile
 from specscale.sim.workload import TOY, preset
 from specscale_lab.calibration.trace import read_trace
 from specscale_lab.calibration.workload_choice import choose_workload

@@ -5,9 +5,9 @@ stacks (`specscale_lab/bench/stack.py`) are built on them, so a benchmark's opti
 import specscale.pipeline as pipeline_module
 import specscale.sim.simulation as simulation_module
 from specscale.cli import build_parser
+from specscale.costmodel import row_budget
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.pipeline import Pipeline, PipelineConfig
-from specscale.sim import row_budget
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.workload import TOY
 from specscale.stack import Stack
@@ -63,10 +63,10 @@ def test_a_prm_never_profiled_here_takes_its_knee_on_the_device_cost_model(monke
     """No profile file for this PRM and device, and no profiling at start (`--no-profile-prm`): the real stack's
     threshold is the knee the simulator computes for the same PRM shape on the same device's cost model (the
     bundled CPU profile), not the A100 default."""
+    from specscale.costmodel.model_profile import ModelProfile
+    from specscale.costmodel.prm_knee import cost_model_knee
+    from specscale.costmodel.row_budget import device_cost_model
     from specscale.pipeline import device_properties
-    from specscale.sim.model_profile import ModelProfile
-    from specscale.sim.prm_knee import cost_model_knee
-    from specscale.sim.row_budget import device_cost_model
 
     monkeypatch.setenv("SPECSCALE_PRM_PROFILE_DIR", str(tmp_path))  # no profile-prm file
     expected = cost_model_knee(device_cost_model("cpu"), ModelProfile.load(str(TOY_PRM)))

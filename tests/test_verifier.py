@@ -13,9 +13,9 @@ from checkpoints import build_llama_prm_checkpoint, build_qwen_prm_checkpoint
 from scripted_generator import EOS, NEWLINE, ScriptedGenerator, seeded_step
 from specscale.config import EngineConfig
 from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
+from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.seam import ScoreRequest
 from specscale.search.presets import preset_config
-from specscale.search.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
 from specscale.verify import QwenMathPRMFormat, RLHFlowFormat, Verifier, VerifierConfig, clean_steps
 from specscale.verify.prm import boundary_keys

@@ -1,7 +1,7 @@
 """The generator's decode cost curve on this machine, and the speculative row budget it implies.
 
 Speculative rows are worth running while one more decode row is nearly free (docs/design.md, "Speculation").
-The simulator reads that from a device's cost model (`sim/row_budget.py`); a real engine can measure it, and
+The simulator reads that from a device's cost model (`costmodel/row_budget.py`); a real engine can measure it, and
 should: a CPU's fixed cost per iteration against its cost per row changes from one CPU to the next (the bundled
 `cpu` profile was fitted on one machine). So, once per generator, device and machine:
 
@@ -9,12 +9,12 @@ should: a CPU's fixed cost per iteration against its cost per row changes from o
   `steps` tokens; the mean seconds per iteration after the first is t(R), for R in `rows`;
 - every R is run once to warm up, then `repeats` times, the sizes interleaved round by round (a slow spell on
   a shared machine hits every size alike), and summarised by the median;
-- the budget applies `sim/row_budget.py`'s rule to the measured curve, linearly interpolated: the smallest R
+- the budget applies `costmodel/row_budget.py`'s rule to the measured curve, linearly interpolated: the smallest R
   at which the marginal cost of a row reaches half the mean cost of a row, t'(R) >= t(R) / (2 R). On a CPU
   (t = fixed + R x per_row) that is R = fixed / per_row; on a GPU it is the decode's compute knee.
 
 `specscale profile-decode` measures and writes `~/.cache/specscale/decode-profiles/<model>-<machine>.json`;
-`load_row_budget` reads it, and `sim/row_budget.py`'s resolver prefers it to the bundled cost model.
+`load_row_budget` reads it, and `costmodel/row_budget.py`'s resolver prefers it to the bundled cost model.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from specscale.model.machine import MachineFingerprint
 from specscale.seam.sampling import SamplingParams
 
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
-TYPICAL_CONTEXT_TOKENS = 256  # as sim/row_budget.py: a system prompt, a question and a few steps
+TYPICAL_CONTEXT_TOKENS = 256  # as costmodel/row_budget.py: a system prompt, a question and a few steps
 BLOCK_SIZE = 16
 
 

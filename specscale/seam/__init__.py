@@ -2,7 +2,7 @@
 
 A leaf package: it imports nothing of specscale, and every side of the seam imports it — the engine and the
 verifier that fill these values (engine/, verify/), the runtime that reads them and its protocols
-(`search/backend.py` `GeneratorBackend` / `VerifierBackend`), the simulator (sim/), the remote verifier
+(`runtime/backend.py` `GeneratorBackend` / `VerifierBackend`), the simulator (sim/), the remote verifier
 (scaleout/) and the scripted test backends — so no side reaches into another's internals and no package
 cycle can form (tests/test_imports.py).
 

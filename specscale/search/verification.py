@@ -15,16 +15,27 @@ when a step finishes (`on_step_finished`) and when a round has finished generati
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from specscale.search.tree import Candidate, Round
-from specscale.search.verify_queue import AT_ONCE, LAZY, ONE_REQUEST, Batching
+
+
+class BatchMode(Enum):
+    """How the runtime's verify queue batches a policy's steps (`runtime/verify_queue.py` carries each out)."""
+
+    AT_ONCE = "at_once"  # ready at once, batched across requests
+    LAZY = "lazy"  # held in the lazy queue until a lazy-verification trigger holds
+    ONE_REQUEST = "one_request"  # ready at once, one request per PRM call (FastTTS)
+
+
+AT_ONCE, LAZY, ONE_REQUEST = BatchMode.AT_ONCE, BatchMode.LAZY, BatchMode.ONE_REQUEST
 
 
 @dataclass(frozen=True)
 class Verification:
     name: str
     per_step: bool  # True: a step is sent as it finishes; False: a round at once, when it has finished generating
-    batching: Batching  # how `search/verify_queue.py` batches this policy's steps
+    batching: BatchMode  # how `runtime/verify_queue.py` batches this policy's steps
 
     @property
     def is_lazy(self) -> bool:

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specscale.model.memory import MIB, process_resident_bytes
+from specscale.runtime.runtime import RuntimeStats, SearchRequest, SearchRuntime
 from specscale.search.result import SearchResult
-from specscale.search.runtime import RuntimeStats, SearchRequest, SearchRuntime
 from specscale.server.metrics import ServerMetrics
 
 log = logging.getLogger("specscale.server")

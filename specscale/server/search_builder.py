@@ -18,8 +18,8 @@ import jinja2
 from specscale.chat_text import render_chat_text
 from specscale.config import SearchConfig
 from specscale.prompts import chat_messages
+from specscale.runtime.runtime import SearchRequest
 from specscale.search.presets import PRESETS, preset_config
-from specscale.search.runtime import SearchRequest
 from specscale.server.errors import APIError
 from specscale.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from specscale.server.settings import ServerSettings
@@ -58,7 +58,7 @@ class SearchBuilder:
     @classmethod
     def for_stack(cls, stack: Stack, system_prompt: str, settings: ServerSettings) -> SearchBuilder:
         """The builder of a stack's models: the generator's tokenizer and context, the PRM's format and
-        context as the verifier seam carries them (search/backend.py)."""
+        context as the verifier seam carries them (runtime/backend.py)."""
         return cls(stack.engine.tokenizer, system_prompt, stack.engine.max_model_len, stack.verifier.format,
                    stack.verifier.max_input_tokens, settings)
 

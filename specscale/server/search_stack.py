@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from specscale.model import prefill_warmup
 from specscale.model.row_padding import warm_engines
 from specscale.pipeline import Pipeline, PipelineConfig
-from specscale.search.backend import VerifierBackend
+from specscale.runtime.backend import VerifierBackend
 from specscale.server.engine_loop import EngineLoop
 from specscale.server.metrics import ServerMetrics
 from specscale.server.search_builder import SearchBuilder

@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 import torch
 
+from specscale.costmodel.cost import CostModel, IterationWork
+from specscale.costmodel.model_profile import ModelProfile
 from specscale.engine.model_runner import ModelRunner, RunnerOutput, head_layout
 from specscale.engine.scheduler import ScheduledBatch
 from specscale.engine.sequence import Sequence
 from specscale.sim.clock import VirtualClock
-from specscale.sim.cost import CostModel, IterationWork
-from specscale.sim.model_profile import ModelProfile
 
 
 class HeadModel(ABC):

@@ -13,15 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specscale.config import EngineConfig, SearchConfig
+from specscale.costmodel.cost import CostModel, RooflineCostModel, kv_capacity
+from specscale.costmodel.hardware import HardwareProfile
+from specscale.costmodel.model_profile import ModelProfile
+from specscale.costmodel.prm_knee import cost_model_knee
+from specscale.costmodel.row_budget import resolve_row_budget
 from specscale.engine.engine import Engine
-from specscale.search.runtime import SearchRequest
+from specscale.runtime.runtime import SearchRequest
 from specscale.sim.clock import VirtualClock
-from specscale.sim.cost import CostModel, RooflineCostModel, kv_capacity
-from specscale.sim.hardware import HardwareProfile
-from specscale.sim.model_profile import ModelProfile
-from specscale.sim.prm_knee import cost_model_knee
 from specscale.sim.problems import Problem, make_problems
-from specscale.sim.row_budget import resolve_row_budget
 from specscale.sim.runner import SimulatedRunner
 from specscale.sim.synthetic_generator import SyntheticGenerator
 from specscale.sim.synthetic_prm import FORMAT_TEMPLATES, SyntheticPRM
@@ -39,7 +39,7 @@ class SimulationConfig:
     workload None takes `workload.preset(dataset, generator, prm)`. prm_format None follows the PRM's
     architecture. generator_kv_blocks / prm_kv_blocks None size the pools from memory (prm_kv_share of
     the KV memory goes to the PRM). spare_rows None takes the device's speculative row budget
-    (sim/row_budget.py); lv_threshold_tokens None the simulated PRM's profiled knee. The engine settings match
+    (costmodel/row_budget.py); lv_threshold_tokens None the simulated PRM's profiled knee. The engine settings match
     `Pipeline`'s."""
 
     hardware: str = "a100-80gb"

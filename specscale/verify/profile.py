@@ -147,7 +147,7 @@ DEFAULT_LV_THRESHOLD = 2048
 def resolve_lv_threshold(override: int | None, profiled: int | None, modelled: int | None = None) -> int:
     """The lazy-verification threshold a stack hands its runtimes: the override (`--lv-threshold-tokens`),
     else the PRM's knee measured on this device (`specscale profile-prm`'s file), else its knee on the
-    device's cost model (sim/prm_knee.py: a simulated PRM's, or a real PRM's never profiled here), else
+    device's cost model (costmodel/prm_knee.py: a simulated PRM's, or a real PRM's never profiled here), else
     DEFAULT_LV_THRESHOLD. The one resolver of this property (stack.py)."""
     if override is not None:
         return override

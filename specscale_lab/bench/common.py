@@ -39,13 +39,13 @@ import torch
 from tqdm import tqdm
 
 from specscale.config import KERNEL_MODES
+from specscale.costmodel.hardware import bundled_hardware
+from specscale.costmodel.model_profile import bundled_models
 from specscale.model.machine import MachineFingerprint
 from specscale.pipeline import Pipeline, PipelineConfig
+from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.search.presets import preset_config, split_variants
 from specscale.search.result import SearchResult
-from specscale.search.runtime import SearchRequest, SearchRuntime
-from specscale.sim.hardware import bundled_hardware
-from specscale.sim.model_profile import bundled_models
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.verify.prm import Verifier
 from specscale_lab.bench.stack import PROBLEM_SET_SEED, BenchStack, RealStack, SimulatedStack
@@ -123,7 +123,7 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--prm-kv-gb", type=float, default=PipelineConfig.prm_kv_gb, help="PRM KV pool")
     parser.add_argument("--spare-rows", type=int, default=None,
                         help="speculative rows only fill an iteration up to this many rows (default: the device's budget on its "
-                             "cost model, sim/row_budget.py; no cap on a device without one)")
+                             "cost model, costmodel/row_budget.py; no cap on a device without one)")
     parser.add_argument("--lv-threshold", type=int, default=None,
                         help="lazy-verification threshold in PRM tokens (default: the PRM's profile on this device, "
                              "measured at the first start; else the cost model's knee, else 2048)")
@@ -183,7 +183,7 @@ def open_stack(args) -> BenchStack:
 def open_simulation(args) -> Simulation:
     """The simulated device, models and workload the options name; one torch thread (tiny tensors)."""
     torch.set_num_threads(args.threads or 1)
-    from specscale.sim.model_profile import ModelProfile
+    from specscale.costmodel.model_profile import ModelProfile
 
     generator, prm = ModelProfile.load(args.generator).name, ModelProfile.load(args.prm).name
     dataset = args.dataset or default_dataset(args.generator)

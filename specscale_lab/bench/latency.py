@@ -26,7 +26,7 @@ from collections import deque
 
 import numpy as np
 
-from specscale.search.runtime import SearchRuntime
+from specscale.runtime.runtime import SearchRuntime
 from specscale_lab.bench.common import (
     add_common_arguments,
     finish_info,

@@ -22,8 +22,8 @@ from pathlib import Path
 from specscale.config import SearchConfig
 from specscale.engine.engine import Engine
 from specscale.pipeline import Pipeline
-from specscale.search.backend import GeneratorBackend, VerifierBackend
-from specscale.search.runtime import SearchRequest, SearchRuntime
+from specscale.runtime.backend import GeneratorBackend, VerifierBackend
+from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.sim.simulation import Simulation
 from specscale.stack import Stack
 from specscale.verify.prm import Verifier

@@ -1,13 +1,13 @@
 """Instrumented stand-ins for the generator and the verifier backends (`bench characterize`): the same
-protocols as `search/backend.py`, every generator iteration and PRM call timed on a clock."""
+protocols as `runtime/backend.py`, every generator iteration and PRM call timed on a clock."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
 
+from specscale.runtime.backend import GeneratorBackend, VerifierBackend
 from specscale.seam import KVUsage, ScoreRequest, ScoreResult, SequenceOp, SequenceUpdate
-from specscale.search.backend import GeneratorBackend, VerifierBackend
 
 
 class TimedGenerator:

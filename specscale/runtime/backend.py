@@ -5,7 +5,7 @@ A *generator backend* holds sequences (token rows with their KV) and advances th
 time; a *verifier backend* scores paths with a PRM. The runtime touches a backend through these
 protocols only, never through an engine's objects, so the same runtime serves on:
 
-- `search/engine_backend.py` `EngineBackend` over `engine/engine.py` `Engine` (a checkpoint, or the
+- `engine/generator_backend.py` `EngineBackend` over `engine/engine.py` `Engine` (a checkpoint, or the
   simulator's `SimulatedRunner`: docs/simulator.md) and `verify/prm.py` `Verifier`;
 - `tests/scripted_generator.py` / `tests/scripted_verifier.py`: scripted backends for exact tests;
 - a remote backend, which only has to carry these operations and outputs: `scaleout/remote_verifier.py`

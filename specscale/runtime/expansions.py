@@ -4,7 +4,7 @@ The prompt is prefilled once as a prefill-only sequence and round 0's expansions
 becomes a `StartSequence` (a one-token prompt) or a `BranchSequence` sharing its parent's paused KV, with
 sampling params, the step separator as stop string, a priority, a multiplicity, lane seeds and the ids its
 CD splits will take. `SetPriority`, `Pause` and `Resume` reach every sequence of an expansion; `Cancel` and
-`Release` abort sequences. The operations are queued on `search/sequences.py`'s `Sequences`.
+`Release` abort sequences. The operations are queued on `runtime/sequences.py`'s `Sequences`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from specscale.prompts import STEP_SEPARATOR
+from specscale.runtime.metrics import RunMetrics
+from specscale.runtime.request_state import Physical, RequestState
+from specscale.runtime.sequences import Sequences
 from specscale.seam import (
     BranchSequence,
     PauseSequence,
@@ -21,10 +24,7 @@ from specscale.seam import (
     StartSequence,
 )
 from specscale.search.lookahead import head_start
-from specscale.search.metrics import RunMetrics
 from specscale.search.protocol import Cancel, Expand
-from specscale.search.request_state import Physical, RequestState
-from specscale.search.sequences import Sequences
 
 
 class Expansions:

@@ -6,8 +6,8 @@ this device: one derivation from the device's cost model for both (stack.py).
 
 from __future__ import annotations
 
-from specscale.sim.cost import CostModel, IterationWork
-from specscale.sim.model_profile import ModelProfile
+from specscale.costmodel.cost import CostModel, IterationWork
+from specscale.costmodel.model_profile import ModelProfile
 from specscale.verify.profile import DEFAULT_BATCH_TOKENS, ProfilePoint, knee, sequence_sizes
 
 PROFILE_CONTEXT_TOKENS, PROFILE_STEP_TOKENS = 512, 128  # the shape `specscale profile-prm` measures

@@ -39,9 +39,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from specscale.costmodel.hardware import HardwareProfile
+from specscale.costmodel.model_profile import ModelProfile
 from specscale.engine.scheduler import ScheduledBatch
-from specscale.sim.hardware import HardwareProfile
-from specscale.sim.model_profile import ModelProfile
 
 ROLES = ("generator", "prm")
 

@@ -1,5 +1,5 @@
 """What the search runtime keeps per request and per engine sequence, and what it reports
-(`search/runtime.py` drives them): the request as submitted, the runtime's state of a request in flight, an
+(`runtime/runtime.py` drives them): the request as submitted, the runtime's state of a request in flight, an
 engine sequence it started, its stats after a tick, and a finished request's usage and timings."""
 
 from __future__ import annotations

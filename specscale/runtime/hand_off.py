@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specscale.search.request_state import RequestState, timings_of, usage_of
+from specscale.runtime.request_state import RequestState, timings_of, usage_of
 from specscale.search.result import AnswerReader, SearchResult
 
 

@@ -1,6 +1,6 @@
 """HardwareProfile: one device as the cost model sees it, every number with its source.
 
-Bundled profiles live in `specscale/sim/data/hardware/<name>.json` (A100-80GB, H100-80GB, H200 from their
+Bundled profiles live in `specscale/costmodel/data/hardware/<name>.json` (A100-80GB, H100-80GB, H200 from their
 datasheets; `cpu` fitted from this project's own measurements by `specscale_lab.calibration.cpu_fit`). Each file holds
 the fields below and a `sources` object naming where each number comes from.
 """

@@ -5,7 +5,7 @@ the queue calls:
 - `AT_ONCE` ("round" and "immediate" policies) steps are ready at once (a request's whole round, or each step as it
   finishes), batched across requests;
 - `LAZY` steps (lazy verification, docs/design.md) wait in the verifier's one lazy queue until a trigger
-  holds (`search/lazy_flush.py`: the fixed triggers of the verifier's token threshold over every queued
+  holds (`runtime/lazy_flush.py`: the fixed triggers of the verifier's token threshold over every queued
   lazy step, a complete sibling group, the deferral and age caps, or the adaptive budget); then every
   queued lazy step of every request goes into that one PRM call, and they ride along with any PRM batch
   that runs anyway. Each step carries its request's policy, resolved once by the runtime at the verifier's
@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specscale.runtime.lazy_flush import FlushSignals, LazyFlushPolicy
 from specscale.seam import ScoreRequest
-from specscale.search.lazy_flush import FlushSignals, LazyFlushPolicy
+from specscale.search.verification import BatchMode
 
 
 class Batching:
@@ -69,6 +70,9 @@ class OneRequest(Batching):
 
 
 AT_ONCE, LAZY, ONE_REQUEST = AtOnce(), Lazy(), OneRequest()
+BATCHINGS: dict[BatchMode, Batching] = {
+    BatchMode.AT_ONCE: AT_ONCE, BatchMode.LAZY: LAZY, BatchMode.ONE_REQUEST: ONE_REQUEST,
+}  # the verification policy's mode (search/verification.py) -> how this queue carries it out
 
 
 @dataclass(eq=False)

@@ -4,15 +4,15 @@ Each tick admits waiting searches, then runs either one generator iteration (con
 every request) or one PRM batch, chosen by the verification queue's policy; generator updates and PRM scores
 become events for the searches, whose actions become generator operations (branch / abort / pause /
 priorities) and queued verifications. Its parts, one noun each (docs/architecture.md, steps 2 to 10):
-`search/admission.py` (which searches start: at most `max_concurrency` in flight, the rest wait in order),
-`search/sequences.py` (the engine sequences it named and the operations not yet handed over),
-`search/expansions.py` (a search's expansions as sequences), `search/generation.py` (a generator iteration
-as events), `search/prm_batches.py` (Verify actions queued, a PRM batch scored) and `search/hand_off.py`
+`runtime/admission.py` (which searches start: at most `max_concurrency` in flight, the rest wait in order),
+`runtime/sequences.py` (the engine sequences it named and the operations not yet handed over),
+`runtime/expansions.py` (a search's expansions as sequences), `runtime/generation.py` (a generator iteration
+as events), `runtime/prm_batches.py` (Verify actions queued, a PRM batch scored) and `runtime/hand_off.py`
 (finished searches to their callers). This module drives the ticks and routes each action to its part.
 
 Time is read only through `clock`, so the same code runs on the real engine (wall clock) and with a
 simulated engine (virtual clock). The runtime touches its generator and verifier only through the
-protocols of `search/backend.py`: at the start of each tick the previous tick's operations and this tick's
+protocols of `runtime/backend.py`: at the start of each tick the previous tick's operations and this tick's
 admissions go to the generator as one batch (`Sequences.flush`), and so does whatever is pending before the
 runtime reads the generator between ticks (`stats`, `can_progress`), returns from `cancel` (a cancelled
 search's KV is freed at once) or ends a tick with no request left. The generator sees the same calls in the
@@ -29,14 +29,17 @@ import time as _time
 from collections import deque
 from collections.abc import Callable
 
-from specscale.search.admission import Admission
-from specscale.search.backend import GeneratorBackend, VerifierBackend
-from specscale.search.expansions import Expansions
-from specscale.search.generation import Generation
-from specscale.search.hand_off import HandOff
-from specscale.search.lazy_flush import FlushSignals
-from specscale.search.metrics import RunMetrics
-from specscale.search.prm_batches import PrmBatches, request_of
+from specscale.runtime.admission import Admission
+from specscale.runtime.backend import GeneratorBackend, VerifierBackend
+from specscale.runtime.expansions import Expansions
+from specscale.runtime.generation import Generation
+from specscale.runtime.hand_off import HandOff
+from specscale.runtime.lazy_flush import FlushSignals
+from specscale.runtime.metrics import RunMetrics
+from specscale.runtime.prm_batches import PrmBatches, request_of
+from specscale.runtime.request_state import RequestState, RuntimeStats, SearchRequest
+from specscale.runtime.sequences import Sequences
+from specscale.runtime.verify_queue import QueuedStep, VerifyQueue
 from specscale.search.protocol import (
     Cancel,
     Cancelled,
@@ -49,14 +52,11 @@ from specscale.search.protocol import (
     SetPriority,
     Verify,
 )
-from specscale.search.request_state import RequestState, RuntimeStats, SearchRequest
 from specscale.search.result import AnswerReader, SearchResult
 from specscale.search.search import Search
-from specscale.search.sequences import Sequences
-from specscale.search.verify_queue import QueuedStep, VerifyQueue
 from specscale.verify.profile import DEFAULT_LV_THRESHOLD
 
-# SearchRequest and RuntimeStats live in search/request_state.py; their importers take them from here too.
+# SearchRequest and RuntimeStats live in runtime/request_state.py; their importers take them from here too.
 __all__ = ["RuntimeStats", "SearchRequest", "SearchRuntime"]
 
 

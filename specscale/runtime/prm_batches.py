@@ -1,8 +1,8 @@
 """PrmBatches: the search runtime's verifier side (docs/architecture.md, steps 7 to 9).
 
-A `Verify` action becomes a queued step of `search/verify_queue.py` with its verification policy's batching
+A `Verify` action becomes a queued step of `runtime/verify_queue.py` with its verification policy's batching
 and, for lazy verification, its request's flush policy at the verifier's token threshold
-(`search/lazy_flush.py`); an adaptive policy reads the generator's state through `signals`; a PRM batch the
+(`runtime/lazy_flush.py`); an adaptive policy reads the generator's state through `signals`; a PRM batch the
 queue releases is scored in one verifier call, its time counted for the run and for each request in it.
 """
 
@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
+from specscale.runtime.backend import VerifierBackend
+from specscale.runtime.lazy_flush import FlushSignals, flush_policy
+from specscale.runtime.metrics import RunMetrics
+from specscale.runtime.request_state import RequestState
+from specscale.runtime.sequences import Sequences
+from specscale.runtime.verify_queue import BATCHINGS, QueuedStep, VerifyQueue
 from specscale.seam import ScoreRequest, ScoreResult
-from specscale.search.backend import VerifierBackend
-from specscale.search.lazy_flush import FlushSignals, flush_policy
-from specscale.search.metrics import RunMetrics
 from specscale.search.protocol import Verify
-from specscale.search.request_state import RequestState
-from specscale.search.sequences import Sequences
 from specscale.search.verification import VERIFICATIONS
-from specscale.search.verify_queue import QueuedStep, VerifyQueue
 
 
 class PrmBatches:
@@ -37,12 +37,12 @@ class PrmBatches:
         verification = VERIFICATIONS[config.verification]
         policy = flush_policy(config, self.lv_threshold_tokens) if verification.is_lazy else None
         self.queue.push(QueuedStep(
-            state, action.candidate, request, action.completes_group, verification.batching,
+            state, action.candidate, request, action.completes_group, BATCHINGS[verification.batching],
             self.verifier.tokens_to_compute(request), self.clock(), policy,
         ))
 
     def signals(self, metrics: RunMetrics) -> FlushSignals:
-        """What an adaptive lazy-verification policy weighs (search/lazy_flush.py), read now."""
+        """What an adaptive lazy-verification policy weighs (runtime/lazy_flush.py), read now."""
         kv = self.sequences.generator.kv_usage
         calls = len(metrics.verifier_batch_items)
         speculative = self.sequences.speculative_tokens()

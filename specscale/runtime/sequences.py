@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+from specscale.runtime.backend import GeneratorBackend
+from specscale.runtime.metrics import RunMetrics
+from specscale.runtime.request_state import Physical, RequestState
 from specscale.seam import AbortSequence, SequenceId, SequenceOp, SequenceUpdate
-from specscale.search.backend import GeneratorBackend
-from specscale.search.metrics import RunMetrics
-from specscale.search.request_state import Physical, RequestState
 
 
 class Sequences:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 
-from specscale.sim.cost import CostModel, IterationWork, RooflineCostModel
-from specscale.sim.hardware import HardwareProfile
-from specscale.sim.model_profile import ModelProfile
+from specscale.costmodel.cost import CostModel, IterationWork, RooflineCostModel
+from specscale.costmodel.hardware import HardwareProfile
+from specscale.costmodel.model_profile import ModelProfile
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""EngineBackend: `engine/engine.py`'s `Engine` as a `GeneratorBackend` (search/backend.py).
+"""EngineBackend: `engine/engine.py`'s `Engine` as a `GeneratorBackend` (runtime/backend.py).
 
 It maps the runtime's sequence ids to the engine's and back, turns the runtime's operations into engine
 calls (`add`, `fork` + `extend`, `abort`, `pause`, `resume`, `set_priority`; lane seeds passed through)

@@ -10,7 +10,7 @@ import itertools
 from collections import deque
 from collections.abc import Container
 
-from specscale.search.request_state import RequestState, SearchRequest
+from specscale.runtime.request_state import RequestState, SearchRequest
 
 
 class Admission:

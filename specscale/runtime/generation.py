@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from specscale.runtime.backend import GeneratorBackend
+from specscale.runtime.expansions import Expansions
+from specscale.runtime.metrics import RunMetrics
+from specscale.runtime.request_state import Physical
+from specscale.runtime.sequences import Sequences
 from specscale.seam import SequenceState, SequenceUpdate
-from specscale.search.backend import GeneratorBackend
-from specscale.search.expansions import Expansions
-from specscale.search.metrics import RunMetrics
 from specscale.search.protocol import GenerationLost, StepFinished
-from specscale.search.request_state import Physical
-from specscale.search.sequences import Sequences
 
 
 class Generation:

@@ -2,7 +2,7 @@
 "Verification"). `SearchConfig.lv_policy` names one per request; the runtime resolves it once per queued
 step (`flush_policy`), at the verifier's threshold, and the verify queue asks it, every tick, which trigger
 holds. Any trigger flushes the verifier's whole lazy queue, every queued step of every request in one PRM
-call (the paper's lazy verification; `search/verify_queue.py`); `SearchConfig.lv_flush_scope = "request"`
+call (the paper's lazy verification; `runtime/verify_queue.py`); `SearchConfig.lv_flush_scope = "request"`
 flushes the triggering request's steps only (an ablation, in no preset).
 
 - `FixedTriggers` ("fixed", the paper's lazy verification): the lazy PRM tokens queued by all requests reach
