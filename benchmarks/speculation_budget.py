@@ -1,5 +1,5 @@
 """The speculative row budget and the survival ranking of speculative rows, on the simulator
-(docs/design.md "Speculation", docs/BENCHMARKS.md "Speculation bounded by the device's cost").
+(docs/design.md "Speculation", docs/bench/sim-a100-7b.md "The row budget and survival ranking").
 
 Each speculative preset runs four ways on the same simulated problems and paired seeds, all issued at once
 with at most `--max-concurrency` in flight: the device's row budget (row_budget.py, derived from the cost

@@ -9,7 +9,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # torch's CPU allocator puts every allocation of 2 MB or more on transparent huge pages (2 MB-aligned,
 # madvise'd): decode streams every weight once per step, and with 4 KB pages the TLB misses cost ~5-10% of a
-# 0.5B model's batch-32 step (docs/BENCHMARKS.md, "Real-size models"). Read by torch at its first
+# 0.5B model's batch-32 step (docs/bench/real-size.md). Read by torch at its first
 # allocation, so only effective before torch is imported; an explicit value in the environment wins.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 

@@ -1,7 +1,7 @@
 """Row padding of the linears that run on oneDNN (model/row_padding.py, model/linear.py `Linear`).
 
 oneDNN caches a JIT primitive per distinct row count; the engine's batches have arbitrary row counts, so the
-rows are padded to 8 sizes per octave (docs/BENCHMARKS.md, "Soak"). Here: the sizes are few, pad little and
+rows are padded to 8 sizes per octave (docs/bench/serve-soak.md, "Soak"). Here: the sizes are few, pad little and
 map to themselves; a padded linear's output equals the unpadded one's on every path that pads (exactly where
 no padding happens, within the rounding a different kernel blocking may bring otherwise); the paths that do
 not run on oneDNN are not padded."""

@@ -113,7 +113,7 @@ def test_the_prm_knee_follows_from_the_measured_physics_and_2048_needs_a_larger_
     """The profiler's knee (90% of peak tokens/s over 256..8,192-token batches) of Qwen2.5-Math-PRM-7B on the
     A100, with the device physics the H200 probe measured: 1,024 tokens with a per-call host cost of a few ms
     (3-5 ms). The published ~2,048 needs 8-20 ms per call that the GPU's work does not hide, more than the
-    probe's eager calls showed beyond 512 tokens (1.1-1.3 ms, docs/BENCHMARKS.md "The GPU cost model,
+    probe's eager calls showed beyond 512 tokens (1.1-1.3 ms, docs/bench/gpu-cost-model.md "The GPU cost model,
     measured")."""
     for fixed_s in (0.003, 0.005):
         assert prm_knee(replace(A100, prm_iteration_fixed_s=fixed_s)) == 1024
@@ -344,7 +344,7 @@ def test_cpu_profile_does_not_charge_a_few_row_iteration_the_weights_twice(tmp_p
 def low_load_summaries(tmp_path, fixed_ms=0.6, row_ms=0.05, sequence_ms=0.004):
     """A loaded characterize run and one at one request in flight, both made with fixed + row x rows +
     sequence x live per mean iteration, the loaded lines' intercepts at 1.5 ms (what loaded runs measure:
-    about twice a few-row iteration's fixed cost, docs/BENCHMARKS.md, "A real low-load point")."""
+    about twice a few-row iteration's fixed cost, docs/bench/simulator-validation.md, "A real low-load point")."""
     shapes = {"beam": (92.0, 148.0), "naive-spec": (98.0, 389.0), "ep": (100.0, 224.0), "ep+cd": (74.0, 115.0)}
     loaded = {variant: {"8": {**characterize_cell(fixed_ms, row_ms, sequence_ms, rows, live), "iteration_fixed_ms": 1.5}}
               for variant, (rows, live) in shapes.items()}

@@ -21,7 +21,7 @@ a profile without multiprocessors). `layer_kernel_s` is the device time per laye
 roofline carries (norms, rotary, activation, residual adds, KV writes and each kernel's ramp), measured on
 a GPU by benchmarks/gpu_cost_probe.py (0 on the CPU profile, whose fit folds them into its fixed costs).
 A single roofline over the whole iteration (max of the summed FLOPs and summed bytes) let a decode's KV
-reads hide behind its GEMMs; the H200 probe shows they do not (docs/BENCHMARKS.md, "The GPU cost model,
+reads hide behind its GEMMs; the H200 probe shows they do not (docs/bench/gpu-cost-model.md, "The GPU cost model,
 measured"), so the GPU profiles set `phase_rooflines`. The CPU profile keeps the single roofline: its fit
 (specscale_lab/calibration/cpu_fit.py) and its validation against real runs were made with it, and the toy
 models' weights and KV sit in the CPU's caches, so its bandwidth is not a DRAM figure a phase could bind on.

@@ -11,7 +11,7 @@ index i with probability p_i / sum_j p_j. Filtered-out tokens have p_i = 0 and n
 On CPU with the C++ kernels (`use_cpu_kernel`) the race runs in one pass per draw without materialising
 U, in log space on the logits themselves: argmax_i p_i / E_i = argmax_i (l_i / T - log E_i), so there is no
 softmax and no fp32 copy of bf16 logits, which at a 151,936-token vocabulary took ~15% of a decode step of
-a 0.5B model at batch 32 (model/csrc/cpu_kernels.cpp: race_sample_logits; docs/BENCHMARKS.md, "Real-size
+a 0.5B model at batch 32 (model/csrc/cpu_kernels.cpp: race_sample_logits; docs/bench/real-size.md, "Real-size
 models"). U comes from a counter-based generator keyed once per row and call from the row's torch
 generator, so seeded rows still reproduce whatever batch they are in.
 

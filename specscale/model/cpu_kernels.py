@@ -10,7 +10,7 @@
 - the exponential-race sampler in one pass (engine/sampler.py);
 - a bf16 linear (AVX512-BF16 builds) on a weight packed for it once at load time (model/transformer.py
   `Linear`): fp32 accumulation, a row's result independent of its batch, and the next weights prefetched
-  while the current ones are multiplied (docs/BENCHMARKS.md, "Real-size models").
+  while the current ones are multiplied (docs/bench/real-size.md).
 
 All but the linear are used together or not at all (TorchModelRunner / EngineConfig.attention_backend); the
 linear is one of the paths a weight may take, chosen by measurement when the model loads

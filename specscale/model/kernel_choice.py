@@ -2,7 +2,7 @@
 
 The fastest GEMM depends on the CPU: on an AMD EPYC with AVX512-BF16 and no AMX our bf16 kernel streams the
 weights of a decode step faster than oneDNN, on an Intel Xeon with AMX oneDNN's AMX kernels are several times
-faster than ours (docs/BENCHMARKS.md, "Real-size models"). So no fixed rule: the paths of a linear
+faster than ours (docs/bench/real-size.md). So no fixed rule: the paths of a linear
 (model/linear.py `Linear`, LINEAR_PATHS) are timed on this machine for each weight shape at each row
 bucket the engine runs (ROW_BUCKETS for a generator: decode batches and prefill chunks; PREFILL_BUCKETS for
 a PRM, which only prefills), each call on a weight evicted from the caches (a decode step streams every
@@ -87,7 +87,7 @@ DECODE_ROWS, PREFILL_ROWS, NEW_TOKENS, CONTEXT_TOKENS, BLOCK_TOKENS = 32, 8, 128
 # PRM calls (a step or two per path on a cached question and earlier steps). Its path is timed apart, on
 # 8 x SHORT_NEW_TOKENS new tokens on SHORT_CONTEXT_TOKENS cached: on the Xeon with AMX SDPA wins the long
 # prefills (15-20 against 46 ms at 4 x 1024) and the C++ kernel the short ones (the search's PRM time -23%,
-# docs/BENCHMARKS.md, "Speculative search on this CPU").
+# docs/bench/cpu-ladder.md).
 SHORT_PREFILL_MAX_TOKENS, SHORT_NEW_TOKENS, SHORT_CONTEXT_TOKENS = 64, 32, 384
 AttentionTimer = Callable[[AttentionShape, str], dict[str, float]]
 

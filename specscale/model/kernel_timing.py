@@ -84,7 +84,7 @@ def time_paths(shape: LinearShape, paths: tuple[str, ...], buckets: tuple[int, .
     of the same shape (`warm_call`): what a path keeps between calls (oneDNN's primitive and its JIT code,
     its scratchpad, our kernel's code) is warm, as in a model's forward, where the same path has just run
     the previous layer, while the timed weight comes from memory, as in a decode step. Evicting alone made
-    every oneDNN call pay for a cold primitive (~0.3 ms on the Xeon with AMX of docs/BENCHMARKS.md, where it
+    every oneDNN call pay for a cold primitive (~0.3 ms on the Xeon with AMX of docs/bench/machines.md, where it
     is 3-8x faster than ours once warm), and `auto` kept the slower path.
 
     Bucket by bucket, the paths' calls are interleaved: each round times every path once (after one untimed

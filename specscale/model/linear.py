@@ -20,14 +20,14 @@ class Linear(nn.Linear):
 
     - "ours": our bf16 kernel on a weight packed for it once (`packed_bf16`, model/cpu_kernels.py; bf16, even
       K, AVX512-BF16 CPUs): at decode sizes it streams the weights from memory while it multiplies, which
-      oneDNN does not (docs/BENCHMARKS.md, "Real-size models");
+      oneDNN does not (docs/bench/real-size.md);
     - "onednn": oneDNN's prepacked matmul (`packed`; fp32, and bf16 where oneDNN has bf16 kernels), on
       whatever ISA oneDNN dispatches to (AMX on the Intel CPUs that have it: there it is several times
       faster than ours);
     - "transposed": (W x^T)^T on the plain weight, torch.mm with the weight as the row-major left operand and
       the [out, rows] product transposed by our C++ kernel (`cpu_kernels.transpose_matrix`): on the Xeon with
       AMX the 151,936-row head at 32 rows streams at ~20 GB/s this way against ~13 GB/s for F.linear's
-      x W^T (docs/BENCHMARKS.md, "Real-size models"); in bf16 a row's result is the same in any batch;
+      x W^T (docs/bench/real-size.md); in bf16 a row's result is the same in any batch;
     - "torch": F.linear on the plain weight.
 
     Whichever path, one copy of the weight stays: `prepack` drops the plain weight for the two packed

@@ -3,7 +3,7 @@
 Weights are counted once per storage, so a tied LM head is not counted twice; a prepacked
 weight (model/linear.py `Linear`: oneDNN's opaque tensor, or our bf16 layout) counts as its element
 count times its element size. `specscale serve` logs these figures at start-up and serves
-them in /health (docs/BENCHMARKS.md, "Real-size models", has the measured figures).
+them in /health (docs/bench/real-size.md has the measured figures).
 """
 
 from __future__ import annotations

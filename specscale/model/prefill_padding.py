@@ -7,7 +7,7 @@ multiplies each block with a oneDNN brgemm micro-kernel built for that block's r
 keeps every micro-kernel it built in a per-thread cache that is never evicted (cpublas' `KernelCache`), so each
 new (Lq, S) pair can leave a few hundred KB behind for the life of the process: a server meets new lengths for
 hours and its resident memory creeps. 3,000 SDPA calls of random lengths (the toy models' heads, one thread)
-grew a process by 400 MiB without levelling off; the soak's server grew ~+10%/h (docs/BENCHMARKS.md, "Soak").
+grew a process by 400 MiB without levelling off; the soak's server grew ~+10%/h (docs/bench/serve-soak.md).
 
 Padding the grid to `grid_len` rows (a power of two up to 32, then multiples of 32) and the keys to `key_len`
 (a power of two up to 32, then multiples of 64) leaves few distinct block shapes — the same loop then stops

@@ -4,7 +4,7 @@ oneDNN (through ideep) JIT-compiles a primitive per distinct input shape of a ma
 for the life of the process. The engine's batches have arbitrary row counts (decode batches of any size,
 prefill chunks of any length, a PRM's step prefixes), so a long-running server meets new row counts for hours
 and its resident memory creeps: on a Sapphire Rapids CPU a loop over random row counts 1..2048 through one
-prepacked bf16 linear grew RSS from 230 to 1,070 MiB, ~0.4 MiB per new count (docs/BENCHMARKS.md, "Soak").
+prepacked bf16 linear grew RSS from 230 to 1,070 MiB, ~0.4 MiB per new count (docs/bench/serve-soak.md).
 Padding a linear's input rows with zeros up to the next of `STEPS_PER_OCTAVE` sizes per octave bounds the
 distinct counts (at most ~90 up to 4,096 rows) and costs at most 1/8 more rows (none up to 15 rows, where
 decode batches live); the same loop then stays flat at ~275 MiB.

@@ -126,7 +126,7 @@ def _yarn_factor(scaling: dict, context: int) -> float:
 def _yarn_scaled(inv_freq: torch.Tensor, scaling: dict, theta: float, context: int) -> torch.Tensor:
     # YaRN ("NTK-by-parts"): frequencies that turn more than beta_fast times over the original context
     # are kept, those that turn fewer than beta_slow times are divided by `factor`, and a linear ramp
-    # over the dimension index blends the band between (docs/BENCHMARKS.md, "Real-size models").
+    # over the dimension index blends the band between (docs/bench/real-size.md).
     factor = _yarn_factor(scaling, context)
     original = scaling["original_max_position_embeddings"]
     d = 2 * inv_freq.shape[0]
@@ -247,7 +247,7 @@ class Attention(nn.Module):
 
 # Most rows of one MLP pass on CPU. A long prefill runs its MLP in equal chunks of at most this many tokens so
 # that the [rows, 2I] gate/up output and the [rows, I] product stay in the last-level cache instead of a round
-# trip through memory (8,192 tokens of a 0.5B model: 160 MB; docs/BENCHMARKS.md, "Real-size models"). oneDNN
+# trip through memory (8,192 tokens of a 0.5B model: 160 MB; docs/bench/real-size.md). oneDNN
 # computes a row the same way in any pass of >= 7 rows, and equal chunks hold >= MLP_CHUNK_ROWS / 2 rows, so
 # the result is bit-identical to one pass.
 MLP_CHUNK_ROWS = int(os.environ.get("SPECSCALE_MLP_CHUNK_ROWS", "512"))

@@ -5,7 +5,7 @@ they free in its arenas (one per thread that allocated), so resident memory stay
 long after a burst of load has passed. `malloc_trim(0)` returns the free pages of every arena. The server
 calls it every `TRIM_EVERY_S` from a daemon thread (started and stopped with the app's lifespan,
 server/app.py); it takes a few milliseconds and holds no lock of ours. Not glibc (musl, macOS, Windows):
-`MemoryTrimmer` does nothing. The soak that measures resident memory over time: docs/BENCHMARKS.md, "Soak".
+`MemoryTrimmer` does nothing. The soak that measures resident memory over time: docs/bench/serve-soak.md.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from specscale.tokenizer import Tokenizer
 PLACEHOLDER = "\ue000placeholder\ue001"
 # distinct piece texts whose token ids are remembered per format: the pieces of the paths in flight (a search
 # re-encodes its paths' earlier steps every round). Each entry holds ~1.8 KB on the toy PRM (the piece, its ids);
-# at 1 << 16 a soak's server filled it for ~25 minutes, ~4 MiB a minute of its RSS creep (docs/BENCHMARKS.md, "Soak")
+# at 1 << 16 a soak's server filled it for ~25 minutes, ~4 MiB a minute of its RSS creep (docs/bench/serve-soak.md)
 PIECE_MEMO_SIZE = 1 << 12
 # whole inputs remembered per format: a path is encoded when its step is queued (the LV trigger counts its
 # tokens) and again when it is scored

@@ -140,7 +140,7 @@ def default_profile_path(model: str | Path, device: str) -> Path:
 
 
 # When this PRM was never profiled and the device has no cost model: a 7-8B PRM's prefill on an A100
-# saturates near 2,048 batch tokens (docs/BENCHMARKS.md, the PRM profile).
+# saturates near 2,048 batch tokens (docs/bench/prm-threshold.md).
 DEFAULT_LV_THRESHOLD = 2048
 
 

@@ -46,7 +46,7 @@ from it and the per-unit costs from the loaded run:
 
 so the cost model gives back the mean iteration both at a few rows and under load. From loaded runs alone
 the fixed part is the lines' intercept under load, about twice what a few-row iteration costs, and a lightly
-loaded simulated server ran ~2x slow (docs/simulator.md, "The CPU profile"; docs/BENCHMARKS.md, "A real
+loaded simulated server ran ~2x slow (docs/simulator.md, "The CPU profile"; docs/bench/simulator-validation.md, "A real
 low-load point").
 
     specscale bench characterize --max-concurrency 1 --problems 16 --repeats 3 --beam-sizes 8 \\
@@ -56,7 +56,7 @@ low-load point").
     python -m specscale_lab.calibration.cpu_fit --characterize results/char-loaded/summary.json \\
         --low-load results/char-low-1/summary.json results/char-low-2/summary.json --out cpu.json
 
-(one-in-flight runs minutes apart differed by up to 40% on this machine: docs/BENCHMARKS.md, "The low-load
+(one-in-flight runs minutes apart differed by up to 40% on this machine: docs/bench/simulator-validation.md, "The low-load
 fit"; pool two around the loaded run).
 
 A few-row iteration reads all the generator's weights, so a fixed cost below their read time at the assumed
