@@ -5,6 +5,9 @@ The system's own commands (`profile-prm`, `serve`) are added here; the lab's (`g
 each entry point of the group `specscale.commands` (pyproject.toml) names a callable that adds commands to
 the sub-parsers. A checkout run from its folder without `pip install -e .` has no entry points; then the
 module `specscale_lab.commands` is looked up by name, when it can be found.
+
+Every command stops the same way (`main`): Ctrl-C or SIGTERM ends it with one line on stderr and the
+shell's status (130, 143), a `UsageError` with one line in argparse's form and status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,13 +15,26 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import entry_points
-
-from specscale.serve import add_serve
 
 COMMAND_GROUP = "specscale.commands"
 FALLBACK_COMMAND_MODULE = "specscale_lab.commands"  # its `add_commands(sub)`, the group's one entry point
+USAGE_ERROR_STATUS = 2  # argparse's own status for a bad command line
+MAX_COMMAND_WORDS = 2  # a command and its sub-command (`simulate throughput`)
+
+
+class UsageError(Exception):
+    """What the user asked for cannot run (a model folder that is not there, an unknown preset): `main`
+    prints `specscale <command>: error: <message>` and returns 2, as argparse does for a bad option."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt, so that one path stops a command on either."""
 
 
 
@@ -115,6 +131,10 @@ def plugin_command_adders() -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Imported here, not at the top: the commands' imports (torch) take seconds, and an interrupt during them
+    is `main`'s to report."""
+    from specscale.serve import add_serve
+
     parser = argparse.ArgumentParser(prog="specscale", description="PRM-guided test-time scaling server")
     sub = parser.add_subparsers(dest="command", required=True)
     add_profile_prm(sub)
@@ -127,8 +147,55 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    command = typed_command(sys.argv[1:] if argv is None else argv)
+    with sigterm_interrupts():
+        try:
+            args = build_parser().parse_args(argv)
+            return args.func(args)
+        except UsageError as error:
+            print(f"{command}: error: {error}", file=sys.stderr)
+            return USAGE_ERROR_STATUS
+        except KeyboardInterrupt as interrupt:
+            print(f"\n{command}: {interrupted_text(interrupt)}", file=sys.stderr)
+            return interrupted_status(interrupt)
+
+
+def typed_command(argv: list[str]) -> str:
+    """`specscale simulate throughput`: the command and its sub-command as typed (the words before the
+    first option; known before the parser is built, which takes seconds to import)."""
+    words = argv[:MAX_COMMAND_WORDS]
+    options = [i for i, word in enumerate(words) if word.startswith("-")]
+    return " ".join(["specscale", *words[:options[0] if options else len(words)]])
+
+
+def interrupted_text(interrupt: KeyboardInterrupt) -> str:
+    """'interrupted', with how far the command got when it said (the interrupt's message, e.g. 'after 3 of
+    8 cells')."""
+    return " ".join(["interrupted", *map(str, interrupt.args)])
+
+
+def interrupted_status(interrupt: KeyboardInterrupt) -> int:
+    """The shell's status for a process ended by the signal: 128 + its number (130 Ctrl-C, 143 SIGTERM)."""
+    number = signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
+    return 128 + number
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises `Terminated` while the block runs (on the main thread only: Python's signal handlers
+    live there); the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def raise_terminated(signum, frame) -> None:
+    raise Terminated()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import time
 from specscale.config import KERNEL_MODES
 from specscale.defaults import TOY_GENERATOR
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
+from specscale_lab.cli_checks import check_model_folder
 from specscale_lab.tasks.toy import toy_problems
 
 
@@ -34,6 +35,7 @@ def run_generate(args) -> int:
     from specscale.engine.engine import Engine
     from specscale.seam import SamplingParams
 
+    check_model_folder("--model", args.model)
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, kernels=args.kernels))
     tok = engine.tokenizer
     questions = args.prompt or default_prompts(args.num_prompts)

@@ -3,16 +3,20 @@
 Each simulated benchmark is the bench sub-command itself, parsed by the same module with the simulator
 as its backend and paper-scale defaults (an A100-80GB, Qwen2.5-7B-Instruct + Qwen2.5-Math-PRM-7B, MATH-500);
 `specscale simulate throughput ...` and `specscale bench throughput --backend sim ...` run the same code
-and write the same raw.json, summary.json (`results[variant][beam_size]`), Markdown and PNG.
+and write the same raw.json, summary.json (`results[variant][beam_size]`), Markdown and PNG, by default
+into `results/simulate-<benchmark>` (`--out` names another folder).
 """
 
 from __future__ import annotations
 
 import importlib
 
+from specscale_lab.cli_checks import check_variants_option
+
 SIMULATED_BENCHMARKS = ("throughput", "latency", "sweep_lv", "scaling", "characterize")
 SIMULATE_DEFAULTS = {"backend": "sim", "hardware": "a100-80gb", "generator": "qwen2.5-7b-instruct",
                      "prm": "qwen2.5-math-prm-7b"}
+OUT_OPTION = "--out"
 
 
 def add_simulate(sub) -> None:
@@ -21,4 +25,15 @@ def add_simulate(sub) -> None:
     for name in SIMULATED_BENCHMARKS:
         module = importlib.import_module(f"specscale_lab.bench.{name}")
         module.add_parser(commands)
-        commands.choices[module.NAME].set_defaults(**SIMULATE_DEFAULTS)
+        parser = commands.choices[module.NAME]
+        parser.set_defaults(**SIMULATE_DEFAULTS)
+        default_out(parser, f"results/simulate-{module.NAME}")
+        check_variants_option(parser)
+
+
+def default_out(parser, folder: str) -> None:
+    """`--out` optional, `folder` when not given (the bench parsers require it: their runs are measurements
+    worth naming). argparse offers no public way to reach an added option: its table of them is read."""
+    action = parser._option_string_actions[OUT_OPTION]
+    action.required, action.default = False, folder
+    action.help = f"{action.help} (default: {folder})"

@@ -34,7 +34,11 @@ STARTUP_TIMEOUT_S = 120.0  # importing sympy and math-verify on a loaded machine
 KILL_GRACE_S = 1.0  # the parent waits this long past a comparison's own timeout before killing the child
 PARSE_CACHE_SIZE = 1 << 14  # parsed answers the child keeps
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # where `specscale` is importable from
-CHILD_MAIN = "import sys; from specscale.grading.worker import serve; sys.exit(serve())"
+# The child ignores Ctrl-C (the parent, in the same process group, handles it and stops the child) and dies
+# quietly of SIGPIPE when the parent is gone (Python would raise BrokenPipeError): set before any import.
+CHILD_MAIN = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+              "signal.signal(signal.SIGPIPE, signal.SIG_DFL); "
+              "from specscale.grading.worker import serve; sys.exit(serve())")
 
 
 class VerifyWorker:

@@ -16,6 +16,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+from specscale.cli import interrupted_status
 from specscale.config import SearchConfig
 from specscale.grading import DATASETS, AnswerGrader, Problem, load_problems, shared_grader
 from specscale.prompts import MATH_SYSTEM_PROMPT
@@ -32,13 +33,13 @@ from specscale_lab.bench.common import (
     run_info,
 )
 from specscale_lab.bench.stack import RealStack
+from specscale_lab.cli_checks import check_model_folders
 from specscale_lab.evaluation.progress import Progress
 from specscale_lab.evaluation.report import markdown, summarize
 from specscale_lab.evaluation.results import ResultsFolder
 
 NAME = "eval"
 GRADE_TIMEOUT_S = 5.0  # math-verify's default per comparison; a longer one counts as wrong
-INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT), as shells report it
 
 
 def add_eval(sub) -> None:
@@ -81,10 +82,10 @@ def run_eval(args) -> int:
         info = run_info(NAME, args, RealStack(pipeline), command="specscale")
         try:
             run_cells(pipeline, args, results, pending, grader)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
             print(f"\ninterrupted: {len(results.records)} searches are in {results.path}; "
                   "run the same command again to resume")
-            return INTERRUPTED
+            return interrupted_status(interrupt)
         finally:
             pipeline.close()
     summary = summarize(results.records, results.batches, problems, args.preset, seeds)
@@ -101,6 +102,7 @@ def check_arguments(args) -> None:
         raise SystemExit(f"unknown preset(s) {unknown}; choose from {sorted(PRESETS)}")
     if args.seeds < 1 or (args.problems is not None and args.problems < 1):
         raise SystemExit(f"--seeds and --problems must be >= 1, got {args.seeds} and {args.problems}")
+    check_model_folders(args)
     search_config(args, args.preset[0], 0)  # SearchConfig's own checks (beam size a multiple of width...)
 
 

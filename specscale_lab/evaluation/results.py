@@ -1,8 +1,10 @@
 """The results folder of `specscale eval`: what a run writes, and how a rerun resumes it.
 
 - ``run.json``: the settings that give a record its meaning (data set, models, search size, sampling,
-  system prompt). A rerun with other settings is refused, so one folder never mixes two setups; presets,
-  seeds and the number of problems may change, and a rerun adds only what the folder lacks.
+  system prompt), written with the first record. A rerun with other settings is refused, so one folder
+  never mixes two setups; presets, seeds and the number of problems may change, and a rerun adds only what
+  the folder lacks. A run that failed before its first record (a wrong model path) leaves no run.json to
+  refuse the corrected command.
 - ``records.jsonl``: one line per (preset, seed, problem), appended and flushed (fsync) as each search
   finishes, so a crash or Ctrl-C loses at most the searches in flight.
 - ``batches.jsonl``: one line per completed batch (one preset and seed over the problems it still
@@ -30,6 +32,7 @@ class ResultsFolder:
     def __init__(self, path: str | Path, settings: dict):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self.settings = settings
         self._check_settings(settings)
         self.records = read_jsonl(self.path / RECORDS)
         self.batches = read_jsonl(self.path / BATCHES)
@@ -39,10 +42,12 @@ class ResultsFolder:
         return {record_key(r) for r in self.records}
 
     def add_record(self, record: dict) -> None:
+        self._keep_settings()
         append_jsonl(self.path / RECORDS, record)
         self.records.append(record)
 
     def add_batch(self, batch: dict) -> None:
+        self._keep_settings()
         append_jsonl(self.path / BATCHES, batch)
         self.batches.append(batch)
 
@@ -59,8 +64,12 @@ class ResultsFolder:
             if changed:
                 raise SystemExit(f"{self.path} holds results of other settings ({json.dumps(changed)}); "
                                  "rerun with the same settings to resume, or pass another --out")
-        else:
-            file.write_text(json.dumps(settings, indent=2) + "\n")
+
+    def _keep_settings(self) -> None:
+        """run.json, written before the folder's first result."""
+        file = self.path / SETTINGS
+        if not file.is_file():
+            file.write_text(json.dumps(self.settings, indent=2) + "\n")
 
 
 def record_key(record: dict) -> tuple[str, int, str]:

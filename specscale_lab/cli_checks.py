@@ -1,0 +1,80 @@
+"""Checks of a lab command's arguments, made before anything loads, each failing with one line that names
+the flag and what it expected.
+
+- `check_model_folder(flag, folder)` raises `specscale.cli.UsageError`, which `specscale/cli.py`'s `main`
+  prints as `specscale <command>: error: <message>` with exit status 2;
+- `known_variants` is an argparse `type=` for `--variants` / `--presets` that raises the same (argparse
+  passes it on: it would print its whole usage before an error of its own type);
+  `check_variants_option(parser)` puts it on a parser that has the option.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specscale.cli import UsageError
+from specscale.search.presets import PRESETS, preset_config, split_variants
+
+MODEL_CONFIG = "config.json"
+VARIANTS_OPTION = "--variants"
+
+
+def check_model_folder(flag: str, folder: str | Path) -> None:
+    """A local Hugging Face model folder: one holding config.json."""
+    if not (Path(folder) / MODEL_CONFIG).is_file():
+        raise UsageError(f"{flag} {folder}: expected a model folder with {MODEL_CONFIG} "
+                         f"({model_folder_problem(Path(folder))})")
+
+
+def model_folder_problem(folder: Path) -> str:
+    if not folder.exists():
+        return "no such file or folder"
+    if not folder.is_dir():
+        return "it is a file"
+    return f"the folder has no {MODEL_CONFIG}"
+
+
+def check_model_folders(args) -> None:
+    """`--generator` and `--prm` of a command that loads both models."""
+    check_model_folder("--generator", args.generator)
+    check_model_folder("--prm", args.prm)
+
+
+def known_variants(text: str) -> list[str]:
+    """Comma-separated variants (`split_variants`), each a preset, or a preset with SearchConfig fields
+    changed that `preset_config` accepts."""
+    variants = split_variants(text)
+    unknown = [variant for variant in variants if variant_name(variant) not in PRESETS]
+    if unknown:
+        raise UsageError(f"--variants {text}: unknown preset(s) {', '.join(unknown)}; "
+                         f"valid presets: {', '.join(sorted(PRESETS))}")
+    for variant in variants:
+        check_variant_fields(variant)
+    return variants
+
+
+def check_variant_fields(variant: str) -> None:
+    try:
+        preset_config(variant)
+    except ValueError as error:
+        raise UsageError(f"--variants {variant}: {error}") from None
+
+
+def variant_name(variant: str) -> str:
+    """The preset a variant names: its text before any `[field=value,...]`."""
+    return variant.partition("[")[0].strip()
+
+
+def check_variants_option(parser: argparse.ArgumentParser) -> None:
+    """Give the parser's `--variants` option the `known_variants` check (parsers without one are left
+    as they are). argparse offers no public way to reach an added option: its table of them is read."""
+    action = parser._option_string_actions.get(VARIANTS_OPTION)
+    if action is not None:
+        action.type = known_variants
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of a command's sub-commands (`specscale bench throughput`, ...)."""
+    return [choice for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for choice in action.choices.values()]
