@@ -62,8 +62,9 @@ class EngineConfig:
 
 
 AGGREGATIONS = ("last", "min", "prod", "mean")
-SELECTIONS = ("beam", "dvts", "best_of_n")
-VERIFICATIONS = ("round", "immediate", "lazy", "lazy_round", "per_request")
+# The server's request schema (server/protocol.py) reads the lazy-flush policies' names here; the registry in
+# runtime/lazy_flush.py is their source (LAZY_FLUSH, tests/test_policy_registry.py holds the two equal) and this
+# copy goes once the schema reads runtime/lazy_flush.py's LV_POLICIES.
 LV_POLICIES = ("fixed", "adaptive")
 LV_FLUSH_SCOPES = ("queue", "request")
 LV_GROUPS = ("siblings", "round")
@@ -81,8 +82,11 @@ class SearchConfig:
     rounds ahead of the last decided round); rank_speculation: the engine runs speculative rows in order of
     their parent's survival rank in its round (False: oldest first, an ablation). pruning: the early-pruning
     policy's name (search/pruning.py), "none", "strict" or "strict_ties"; perfect_shortcut: the
-    perfect-score shortcut, a separate switch (docs/design.md, "Early pruning"). Policy names are checked when
-    a search is built from the config (`search/presets.py` `preset_config`, `Search`). dedup: computation deduplication (CD). verification: "round" (a
+    perfect-score shortcut, a separate switch (docs/design.md, "Early pruning"). Every policy field (selection,
+    verification, speculation, pruning, lv_policy, and the switches perfect_shortcut, dedup, lookahead) names a
+    class registered in its kind's registry (`search/registry.py`); the names are checked when the policies are
+    built (`search/presets.py` `preset_config`, `Search`, the runtime's `flush_policy`; lv_policy here too, for
+    now: LV_POLICIES above). dedup: computation deduplication (CD). verification: "round" (a
     request's whole round at once, batched across requests), "immediate" (each step as it finishes),
     "lazy" (queued as it finishes, flushed on the lazy-verification triggers), "lazy_round" (a round at once,
     queued as "lazy" is: an ablation), "per_request" (FastTTS: one PRM call per round per request). lv_policy: which triggers flush lazy steps, "fixed" (threshold, sibling group,
@@ -147,8 +151,6 @@ class SearchConfig:
                f"beam_size ({self.beam_size}) must be a multiple of beam_width ({self.beam_width})")
         _check(1 <= self.max_rounds <= 1000, f"max_rounds must be in [1, 1000], got {self.max_rounds}")
         _check(self.aggregation in AGGREGATIONS, f"aggregation must be one of {AGGREGATIONS}")
-        _check(self.selection in SELECTIONS, f"selection must be one of {SELECTIONS}")
-        _check(self.verification in VERIFICATIONS, f"verification must be one of {VERIFICATIONS}")
         _check(0 <= self.temperature <= 2, f"temperature must be in [0, 2], got {self.temperature}")
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         _check(self.max_step_tokens >= 1, "max_step_tokens must be >= 1")

@@ -80,7 +80,7 @@ def test_the_valve_counts_one_requests_beams_so_32_requests_lose_no_lookahead():
     most continuations were refused. Per request (8 running + 8 continuations) it never trips."""
     runtime, _ = run("fasttts", n_requests=32)
     done = searches(runtime)
-    assert not any(search.lookaheads_cut for search in done)
+    assert not any(search.lookahead.cut for search in done)
     started = [e for search in done for e in search.expansions.values() if e.started_as_lookahead]
     assert len(started) > 32 * 8  # about one per finished, continued step
     assert all(e.kept or e.cancelled for e in started)  # a refused one was left with no lane and not cancelled
@@ -89,9 +89,9 @@ def test_the_valve_counts_one_requests_beams_so_32_requests_lose_no_lookahead():
 def test_on_overflow_the_oldest_lookaheads_are_force_finished():
     runtime, _ = run("fasttts", n_requests=2, max_live_sequences=4)
     for search in searches(runtime):
-        assert search.lookaheads_cut == sorted(search.lookaheads_cut)  # oldest first
-        assert all(search.expansions[i].started_as_lookahead for i in search.lookaheads_cut)
-    assert any(search.lookaheads_cut for search in searches(runtime))
+        assert search.lookahead.cut == sorted(search.lookahead.cut)  # oldest first
+        assert all(search.expansions[i].started_as_lookahead for i in search.lookahead.cut)
+    assert any(search.lookahead.cut for search in searches(runtime))
 
 
 @pytest.mark.parametrize("preset", ["fasttts", "fasttts-xb"])
@@ -103,9 +103,9 @@ def test_every_other_retained_copy_starts_from_the_continuation(preset):
         shared = started = 0
         for search in searches(runtime):
             for e in search.expansions.values():
-                if e.head_start_of is None or not e.finished:
+                if e.start_from is None or not e.finished:
                     continue
-                source = search.expansions[e.head_start_of]
+                source = search.expansions[e.start_from.expansion_id]
                 if not source.finished:
                     continue
                 started += 1
@@ -205,9 +205,9 @@ def test_a_hand_made_trace_gets_fasttts_decisions():
                                                                                        (0, 0, 2), (0, 0, 3)]
     assert by_keys[(2, 0, 0)].cancelled  # "ccc"'s continuation: its parent got no child
     # the valve cut "aa"'s continuation, the oldest running one, when "ccc"'s started
-    assert search.lookaheads_cut == [by_keys[(0, 0, 0)].id]
+    assert search.lookahead.cut == [by_keys[(0, 0, 0)].id]
     # the cut continuation became "aa"'s first child; the other three start from its text
-    assert {by_keys[(0, 0, j)].head_start_of for j in (1, 2, 3)} == {by_keys[(0, 0, 0)].id}
+    assert {by_keys[(0, 0, j)].start_from.expansion_id for j in (1, 2, 3)} == {by_keys[(0, 0, 0)].id}
     # one PRM call per round of this request; "ccc"'s finished continuation is verified with round 0
     assert verifier.calls == [[("aa",), ("bbbbbb",), ("ccc",), ("ccc", "ff"), ("dddddddd",)],
                               [("aa", "ee"), ("aa", "gggg"), ("aa", "hhhhh"), ("aa", "iiiiii")]]

@@ -211,9 +211,11 @@ def test_strict_pruning_with_filter_duplicates_retains_what_beam_retains():
 
 
 def test_every_preset_is_a_composition_of_policy_objects():
-    from specscale.search.pruning import PerfectShortcut
+    from specscale.search.dedup import DEDUP
+    from specscale.search.pruning import PRUNING, PerfectShortcut
     from specscale.search.search import Search
     from specscale.search.selection import BeamSelection, BestOfNSelection, DVTSSelection
+    from specscale.search.verification import VERIFICATION
 
     expected = {
         "beam": (BeamSelection, "round", 0, False, ("none", False), False),
@@ -236,8 +238,8 @@ def test_every_preset_is_a_composition_of_policy_objects():
     assert set(expected) == set(PRESETS)
     for name, (selection, verification, depth, lookahead, pruning, cd) in expected.items():
         search = Search(preset_config(name))
-        assert type(search.selection) is selection and search.verification.name == verification
+        assert type(search.selection) is selection and VERIFICATION.name_of(search.verification) == verification
         assert search.speculation.eager_depth == depth and isinstance(search.lookahead, LookAhead) is lookahead
-        assert (search.pruning.name, type(search.shortcut) is PerfectShortcut) == pruning
-        assert search.dedup.computation is cd and not search.dedup.filter_duplicates
+        assert (PRUNING.name_of(search.pruning), type(search.shortcut) is PerfectShortcut) == pruning
+        assert DEDUP.name_of(search.dedup) == ("on" if cd else "off") and not search.config.filter_duplicates
         assert search.config.dynamic_branching is (name == "fasttts-db")

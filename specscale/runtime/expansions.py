@@ -23,7 +23,6 @@ from specscale.seam import (
     SequenceId,
     StartSequence,
 )
-from specscale.search.lookahead import head_start
 from specscale.search.protocol import Cancel, Expand
 
 
@@ -77,12 +76,12 @@ class Expansions:
         state.expansion_seqs.setdefault(action.expansion_id, set()).add(seq)
 
     def _head_start(self, state: RequestState, action: Expand) -> list[int]:
-        """The tokens a child starts from: FastTTS's truncated head start (`search/lookahead.py`) of what the
-        continuation `action.head_start_of` has written so far; none for every other expansion."""
-        if action.head_start_of is None:
+        """The tokens a child starts from (`Expand.start_from`): its share of what another expansion has
+        written so far (FastTTS's head start, chosen by the search); none for every other expansion."""
+        if action.start_from is None:
             return []
-        written = self.sequences.longest_written(state, action.head_start_of)
-        return head_start(written, state.config, action.seeds[0] if action.seeds else action.expansion_id)
+        written = self.sequences.longest_written(state, action.start_from.expansion_id)
+        return action.start_from.prefix_of(written)
 
     def reprioritize(self, state: RequestState, expansions: Iterable[int], priority: int, resume: bool) -> None:
         for seq in _sequences_of(state, expansions):

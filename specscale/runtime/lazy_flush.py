@@ -1,7 +1,7 @@
 """Lazy-verification flush policies: which trigger a request's queued lazy steps raise (docs/design.md,
-"Verification"). `SearchConfig.lv_policy` names one per request; the runtime resolves it once per queued
-step (`flush_policy`), at the verifier's threshold, and the verify queue asks it, every tick, which trigger
-holds. Any trigger flushes the verifier's whole lazy queue, every queued step of every request in one PRM
+"Verification"). `SearchConfig.lv_policy` names one per request: each class registers under its name in
+`LAZY_FLUSH` (`search/registry.py`, the registry every policy kind uses). The runtime builds it
+(`flush_policy`) at the verifier's threshold, and the verify queue asks it, every tick, which trigger holds. Any trigger flushes the verifier's whole lazy queue, every queued step of every request in one PRM
 call (the paper's lazy verification; `runtime/verify_queue.py`); `SearchConfig.lv_flush_scope = "request"`
 flushes the triggering request's steps only (an ablation, in no preset).
 
@@ -32,9 +32,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import ClassVar
 
 from specscale.config import SearchConfig
+from specscale.search.registry import Registry
 
 KV_FLOOR = 0.5  # below half the generator's KV pool in use, KV pressure costs nothing
 
@@ -56,10 +58,26 @@ class LazyFlushPolicy(ABC):
     """One request's lazy-verification trigger. queued_tokens: lazy PRM tokens queued by all requests;
     signals() builds the tick's `FlushSignals` (only a policy that needs them calls it)."""
 
+    # whether its steps ride along by default when a trigger flushes only the request's own steps
+    rides_along_alone: ClassVar[bool]
     threshold_tokens: int
     rides_along: bool  # this policy's queued steps join any PRM batch that runs anyway
     whole_queue: bool  # its trigger flushes every queued lazy step of every request (False: the request's own)
     sibling_group: bool  # a queued step that completes its sibling group flushes (docs/design.md, "Verification")
+
+    @classmethod
+    @abstractmethod
+    def configured(cls, config: SearchConfig, threshold_tokens: int) -> LazyFlushPolicy:
+        """The policy with config's settings, at the verifier's token threshold."""
+
+    @classmethod
+    def scope(cls, config: SearchConfig) -> tuple[bool, bool, bool]:
+        """(rides_along, whole_queue, sibling_group) as config sets them. Flushing the whole queue, every policy
+        rides along unless the config switches it off; flushing the request's own steps, as `rides_along_alone`."""
+        whole_queue = config.lv_flush_scope == "queue"
+        default_ride = whole_queue or cls.rides_along_alone
+        rides_along = default_ride if config.lv_ride_along is None else config.lv_ride_along
+        return rides_along, whole_queue, config.lv_sibling_trigger
 
     def group_completed(self, items: Sequence) -> bool:
         """The sibling-group trigger: one of these queued steps completed its sibling group."""
@@ -71,14 +89,23 @@ class LazyFlushPolicy(ABC):
         """The name of the trigger that holds for this request's queued steps `items`, or None."""
 
 
+LAZY_FLUSH: Registry[LazyFlushPolicy] = Registry("lv_policy")
+
+
+@LAZY_FLUSH.register("fixed")
 @dataclass(frozen=True)
 class FixedTriggers(LazyFlushPolicy):
+    rides_along_alone: ClassVar[bool] = False
     threshold_tokens: int
     max_deferrals: int
     max_age_s: float
     rides_along: bool = True
     whole_queue: bool = True
     sibling_group: bool = True
+
+    @classmethod
+    def configured(cls, config: SearchConfig, threshold_tokens: int) -> FixedTriggers:
+        return cls(threshold_tokens, config.lv_max_deferrals, config.lv_max_age_s, *cls.scope(config))
 
     def trigger(self, items, queued_tokens, now, signals) -> str | None:
         if queued_tokens >= self.threshold_tokens:
@@ -92,8 +119,10 @@ class FixedTriggers(LazyFlushPolicy):
         return None
 
 
+@LAZY_FLUSH.register("adaptive")
 @dataclass(frozen=True)
 class AdaptiveBudget(LazyFlushPolicy):
+    rides_along_alone: ClassVar[bool] = True
     threshold_tokens: int
     wait_budget_calls: float
     speculative_budget_tokens: float
@@ -101,6 +130,11 @@ class AdaptiveBudget(LazyFlushPolicy):
     rides_along: bool = True
     whole_queue: bool = True
     sibling_group: bool = True
+
+    @classmethod
+    def configured(cls, config: SearchConfig, threshold_tokens: int) -> AdaptiveBudget:
+        return cls(threshold_tokens, config.lv_wait_budget_calls, config.lv_speculative_budget_tokens,
+                   config.lv_kv_budget, *cls.scope(config))
 
     def trigger(self, items, queued_tokens, now, signals) -> str | None:
         if self.group_completed(items):
@@ -121,14 +155,8 @@ class AdaptiveBudget(LazyFlushPolicy):
 
 def flush_policy(config: SearchConfig, threshold_tokens: int) -> LazyFlushPolicy:
     """The policy a request's config names, at the verifier's threshold (the runtime's: a request cannot set
-    it). Flushing the whole queue, every policy rides along unless the config switches it off."""
-    policy: LazyFlushPolicy
-    if config.lv_policy == "adaptive":
-        policy = AdaptiveBudget(threshold_tokens, config.lv_wait_budget_calls, config.lv_speculative_budget_tokens,
-                                config.lv_kv_budget)
-    else:
-        policy = FixedTriggers(threshold_tokens, config.lv_max_deferrals, config.lv_max_age_s)
-    whole_queue = config.lv_flush_scope == "queue"
-    default_ride = whole_queue or config.lv_policy == "adaptive"
-    rides_along = default_ride if config.lv_ride_along is None else config.lv_ride_along
-    return replace(policy, rides_along=rides_along, whole_queue=whole_queue, sibling_group=config.lv_sibling_trigger)
+    it); a ValueError naming `lv_policy` and the valid names if none is registered under it."""
+    return LAZY_FLUSH.chosen(config).configured(config, threshold_tokens)
+
+
+LV_POLICIES = LAZY_FLUSH.names()  # the names `SearchConfig.lv_policy` may take

@@ -19,7 +19,7 @@ from specscale.runtime.sequences import Sequences
 from specscale.runtime.verify_queue import BATCHINGS, QueuedStep, VerifyQueue
 from specscale.seam import ScoreRequest, ScoreResult
 from specscale.search.protocol import Verify
-from specscale.search.verification import VERIFICATIONS
+from specscale.search.verification import LAZY, VERIFICATION
 
 
 class PrmBatches:
@@ -34,8 +34,8 @@ class PrmBatches:
     def enqueue(self, state: RequestState, action: Verify) -> None:
         request = ScoreRequest(state.request.question, action.steps)
         config = state.config
-        verification = VERIFICATIONS[config.verification]
-        policy = flush_policy(config, self.lv_threshold_tokens) if verification.is_lazy else None
+        verification = VERIFICATION.chosen(config)
+        policy = flush_policy(config, self.lv_threshold_tokens) if verification.batching is LAZY else None
         self.queue.push(QueuedStep(
             state, action.candidate, request, action.completes_group, BATCHINGS[verification.batching],
             self.verifier.tokens_to_compute(request), self.clock(), policy,

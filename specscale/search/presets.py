@@ -1,8 +1,8 @@
 """Named variants: each is a composition of the policies SearchConfig names (selection, verification,
 speculation, pruning, ...) and their switches, so an ablation is a configuration, not a fork of the code; a new
-variant is a policy class (registered under its name) and one line here. A variant may also be written `preset[field=value,...]`: the preset
-with those SearchConfig fields changed (`specscale[lv_sibling_trigger=false]`), so an ablation the presets do
-not name needs no code either."""
+variant is a policy class (registered under its name, `search/registry.py`) and one line here. A variant may
+also be written `preset[field=value,...]`: the preset with those SearchConfig fields changed
+(`specscale[lv_sibling_trigger=false]`), so an ablation the presets do not name needs no code either."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import re
 from dataclasses import replace
 
 from specscale.config import SearchConfig
-from specscale.search.pruning import make_pruning
-from specscale.search.speculation import make_speculation
+from specscale.search.composition import build_policies
 
 _SPECULATIVE = {"speculation": "eager", "verification": "immediate"}
 # FastTTS's headline runs (its artifact's `spec_prefix` configurations): beam search with children spread
@@ -56,7 +55,7 @@ def preset_config(variant: str, **overrides) -> SearchConfig:
     if unknown:
         raise ValueError(f"variant {variant!r}: SearchConfig has no field(s) {unknown}")
     config = replace(SearchConfig(**PRESETS[name]), **fields, **overrides)
-    make_pruning(config), make_speculation(config)  # unknown policy names: a ValueError here, not at submit
+    build_policies(config)  # an unknown policy name: a ValueError here, not at submit
     return config
 
 

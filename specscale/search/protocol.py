@@ -60,6 +60,19 @@ class Cancelled:
 
 # ---- actions ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class StartFrom:
+    """Where a child starts: `share` (in [0, 1]) of the tokens expansion `expansion_id` of the same request has
+    written so far, after its parent's, instead of at its parent's end (docs/design.md, "FastTTS")."""
+
+    expansion_id: int
+    share: float
+
+    def prefix_of(self, written: list[int]) -> list[int]:
+        """The tokens the child starts from: `share` of `written`, at least one, and at least one fewer."""
+        return written[: min(max(int(self.share * len(written)), 1), len(written) - 1)]
+
+
+@dataclass(frozen=True)
 class Expand:
     """Start generating one step for `multiplicity` logical children of the candidate whose KV is
     held by parent_handle (None = the request's prompt).
@@ -69,8 +82,8 @@ class Expand:
     a child samples from its own seed whether it is its own row or one lane of a CD row.
     lookahead: FastTTS speculative continuation of a step that just finished (lowest priority,
     aborted if preempted) rather than a normal child.
-    head_start_of: FastTTS: the continuation (an expansion id) whose text so far, cut to the request's
-    `lookahead_head_start` share of its tokens, this child starts from (docs/design.md, "FastTTS").
+    start_from: None, or a share of the tokens another expansion has written so far, which this child starts
+    from (FastTTS's head start, chosen by the lookahead policy; the runtime only cuts the tokens).
     """
 
     expansion_id: int
@@ -80,7 +93,7 @@ class Expand:
     final_round: bool
     seeds: tuple[int, ...] | None
     lookahead: bool = False
-    head_start_of: int | None = None
+    start_from: StartFrom | None = None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Early-pruning policies (docs/design.md, "Early pruning").
 
-A pruning policy is a class with the hooks `Search` calls; `SearchConfig.pruning` names it, and a class
-registers itself under its `name`, so a new pruning variant is one class here plus one preset line. Each hook
-takes the calling `Search` and returns the candidates to cancel (with their subtrees):
+A pruning policy is a class with the hooks `Search` calls; `SearchConfig.pruning` names it, and each class
+registers under its name in `PRUNING` (`search/registry.py`), so a new pruning variant is one class here plus
+one preset line. Each hook takes the calling search as a `SearchOps` (`search/ops.py`) and returns the
+candidates to cancel (with their subtrees):
 
 - `after_score(search, c)`: candidate c's score arrived;
 - `after_decision(search, rd)`: the round before rd was decided (rd's candidates are now certain).
@@ -15,49 +16,46 @@ takes the calling `Search` and returns the candidates to cancel (with their subt
   before it in the order selection breaks ties by (score, then tree position); it still retains exactly what
   `beam` retains, and prunes the ties strict keeps (exact 1.0 scores: docs/design.md, "Early pruning").
 
-The perfect-score shortcut (a separate switch, `SearchConfig.perfect_shortcut`) is `PerfectShortcut`, whose
-hook `closes(rd)` `Search` asks before deciding a round: k
-certain candidates scoring exactly 1.0 close the round at once (the first verified win); rounds may then
-retain other paths than beam would (`ep`).
+The perfect-score shortcut (a separate switch, `SearchConfig.perfect_shortcut`, registered in `SHORTCUT` as
+"on" and "off") is `PerfectShortcut`, whose hook `closes(rd)` `Search` asks before deciding a round: k certain
+candidates scoring exactly 1.0 close the round at once (the first verified win); rounds may then retain other
+paths than beam would (`ep`).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from specscale.config import SearchConfig
 from specscale.search import policies
+from specscale.search.ops import SearchOps
+from specscale.search.registry import OFF, ON, Registry
 from specscale.search.tree import Candidate, CandidateState, Round
 
-PRUNINGS: dict[str, type[NoPruning]] = {}
+PRUNING: Registry[NoPruning] = Registry("pruning")
+SHORTCUT: Registry[NoShortcut] = Registry("perfect_shortcut", switch=True)
 
 
+@PRUNING.register("none")
 class NoPruning:
-    name: ClassVar[str] = "none"
+    """Nothing is cancelled before its round is decided."""
 
     def __init__(self, config: SearchConfig):
         self.config = config
         self.k = config.num_retained
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        PRUNINGS[cls.name] = cls
-
-    def after_score(self, search, c: Candidate) -> list[Candidate]:
+    def after_score(self, search: SearchOps, c: Candidate) -> list[Candidate]:
         return []
 
-    def after_decision(self, search, rd: Round) -> list[Candidate]:
+    def after_decision(self, search: SearchOps, rd: Round) -> list[Candidate]:
         return []
 
 
+@PRUNING.register("strict")
 class StrictPruning(NoPruning):
-    name = "strict"
-
-    def after_score(self, search, c: Candidate) -> list[Candidate]:
+    def after_score(self, search: SearchOps, c: Candidate) -> list[Candidate]:
         """Only the round being decided holds candidates certain to be in its pool (their parents are decided)."""
         return self.losers(search.rounds[c.round]) if c.round == search.last_decided + 1 else []
 
-    def after_decision(self, search, rd: Round) -> list[Candidate]:
+    def after_decision(self, search: SearchOps, rd: Round) -> list[Candidate]:
         return self.losers(rd)
 
     def losers(self, rd: Round) -> list[Candidate]:
@@ -69,12 +67,11 @@ class StrictPruning(NoPruning):
         return [] if tau is None else [c for c in scored if c.score < tau]
 
 
+@PRUNING.register("strict_ties")
 class TiedStrictPruning(StrictPruning):
     """Selection ranks logical copies by score, then by tree position (`policies.top_k_copies`): a candidate
     whose best copy has k certain copies ranked before it can never be retained, even when tied with the
     k-th best. With `filter_duplicates` a path's copies compete as one and the strict rule applies unchanged."""
-
-    name = "strict_ties"
 
     def losers(self, rd: Round) -> list[Candidate]:
         if self.config.filter_duplicates:
@@ -92,9 +89,7 @@ def _competing(rd: Round) -> list[Candidate]:
     return [c for c in rd.live_candidates() if c.state == CandidateState.SCORED and not c.completed]
 
 
-PRUNINGS[NoPruning.name] = NoPruning
-
-
+@SHORTCUT.register(OFF)
 class NoShortcut:
     """Every round waits for its candidates' scores."""
 
@@ -106,6 +101,7 @@ class NoShortcut:
         return None
 
 
+@SHORTCUT.register(ON)
 class PerfectShortcut(NoShortcut):
     def closes(self, rd: Round) -> list[tuple[Candidate, int]] | None:
         """k certain copies scoring exactly 1.0: the first verified win."""
@@ -119,12 +115,3 @@ class PerfectShortcut(NoShortcut):
                 left -= chosen[-1][1]
         return chosen
 
-
-def make_shortcut(config: SearchConfig) -> NoShortcut:
-    return PerfectShortcut(config) if config.perfect_shortcut else NoShortcut(config)
-
-
-def make_pruning(config: SearchConfig) -> NoPruning:
-    if config.pruning not in PRUNINGS:
-        raise ValueError(f"pruning must be one of {sorted(PRUNINGS)}, got {config.pruning!r}")
-    return PRUNINGS[config.pruning](config)

@@ -15,8 +15,13 @@ from its `SearchConfig` (a preset line in `search/presets.py`):
 - dedup (`search/dedup.py`): computation deduplication (one expansion per parent, one lane per logical
   child) and search-and-learn's duplicate filtering.
 
-`Search` calls each policy's hooks and never tests what kind of policy it holds, so a new variant is one
-policy class and one preset line.
+Every kind of policy is a registry of classes (`search/registry.py`), and `build_policies`
+(`search/composition.py`) builds a search's policies from its config. `Search` calls each policy's hooks, handing
+itself over as a `SearchOps` (`search/ops.py`: the typed operations a policy may ask for — expand children,
+verify a candidate or a round, re-rank expansions — and what it may read), and never tests what kind of policy
+it holds, nor what a LookAhead continuation is: it asks the lookahead policy whether an expansion is its round's
+real work, what priority a continuation runs at, and what new children start from. A new variant is one policy
+class and one preset line.
 
 Every logical child has a canonical tree position (its key) and samples from that position's seed
 (`search/seeds.py`), whether it is its own engine row or a lane of a CD row.
@@ -25,15 +30,15 @@ Every logical child has a canonical tree position (its key) and samples from tha
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from specscale.config import SearchConfig
 from specscale.search import policies
-from specscale.search.dedup import make_dedup
-from specscale.search.lookahead import LOOKAHEAD_PRIORITY, make_lookahead, promote
+from specscale.search.composition import build_policies
 from specscale.search.protocol import (
+    Action,
     Cancel,
     Cancelled,
     Done,
@@ -45,13 +50,9 @@ from specscale.search.protocol import (
     StepFinished,
     Verify,
 )
-from specscale.search.pruning import make_pruning, make_shortcut
 from specscale.search.result import SearchResult, build_result
 from specscale.search.seeds import seeds_of
-from specscale.search.selection import make_selection
-from specscale.search.speculation import make_speculation
-from specscale.search.tree import Candidate, CandidateState, Expansion, Round, Subtree
-from specscale.search.verification import VERIFICATIONS
+from specscale.search.tree import Candidate, CandidateState, Expansion, Key, Round, Subtree
 
 
 @dataclass(frozen=True)
@@ -67,16 +68,19 @@ SCORED, RETAINED, DROPPED, COMPLETED = (
 
 
 class Search:
+    """One request's search; implements `SearchOps` (`search/ops.py`), the operations its policies call."""
+
     def __init__(self, config: SearchConfig):
         self.config = config
         self.k = config.num_retained
-        self.selection = make_selection(config)
-        self.verification = VERIFICATIONS[config.verification]
-        self.speculation = make_speculation(config)
-        self.lookahead = make_lookahead(config)
-        self.pruning = make_pruning(config)
-        self.shortcut = make_shortcut(config)
-        self.dedup = make_dedup(config)
+        built = build_policies(config)  # a ValueError if the config names an unknown policy
+        self.selection = built.selection
+        self.verification = built.verification
+        self.speculation = built.speculation
+        self.lookahead = built.lookahead
+        self.pruning = built.pruning
+        self.shortcut = built.shortcut
+        self.dedup = built.dedup
         self.last_round = self.selection.last_round()  # the round that generates to EOS
         self.rounds: list[Round] = []
         self.expansions: dict[int, Expansion] = {}
@@ -90,11 +94,10 @@ class Search:
         self._verify_order = itertools.count()
         self.round_waiting: list[tuple[float, float]] = []  # per decided round: (idle, busy) seconds
         self.decisions: list[Decision] = []  # what each decided round retained (tests, tracing)
-        self.lookaheads_cut: list[int] = []  # expansions force-finished by the FastTTS valve, in order
 
     # ---- entry points ---------------------------------------------------------------------------
     def start(self, time: float) -> list:
-        return self._expand(None, 0, [(i,) for i in range(self.config.beam_size)], time)
+        return self.expand(None, 0, [(i,) for i in range(self.config.beam_size)], time)
 
     def on(self, event) -> list:
         if self.done:
@@ -162,27 +165,28 @@ class Search:
         return actions + self._try_decide(time)
 
     def _round_generated(self, rd: Round) -> bool:
-        return all(not e.live for e in rd.expansions if not e.lookahead)
+        """Whether the round's real work has finished generating (the lookahead policy's continuations aside)."""
+        return all(not e.live for e in rd.expansions if self.lookahead.round_work(e))
 
-    def _verify_round(self, rd: Round) -> list:
-        """Round-at-once verification (plus FastTTS LookAhead: finished continuations of this round's
-        candidates are scored in the same call)."""
+    def verify_round(self, rd: Round) -> list[Action]:
+        """Round-at-once verification (plus what the lookahead policy scores with the round: FastTTS's
+        finished continuations of this round's candidates)."""
         pending = [c for c in rd.candidates if c.alive and c.verified_order is None and not c.verify_sent]
         pending += self.lookahead.verified_with_round(self, rd)
-        return [self._verify(c, completes_group=True) for c in pending]  # a finished round: complete groups
+        return [self.verify(c, completes_group=True) for c in pending]  # a finished round: complete groups
 
-    def _verify(self, c: Candidate, completes_group: bool) -> Verify:
+    def verify(self, c: Candidate, completes_group: bool) -> Verify:
         c.verify_sent = True
         return Verify(c.id, tuple(c.steps()), completes_group)
 
-    def _group_complete(self, e: Expansion) -> bool:
+    def group_complete(self, e: Expansion) -> bool:
         """Whether e's group has finished its step (lazy verification's group trigger): its sibling group,
         or with `lv_group` "round" its whole round (the round before it decided, so every expansion of this
         round is known, and none of them live)."""
         if self.config.lv_group == "round":
             return self.last_decided >= e.round - 1 and self._round_generated(self.rounds[e.round])
         siblings = e.parent.children if e.parent is not None else self.rounds[0].expansions
-        return all(not s.live for s in siblings if not s.lookahead)
+        return all(not s.live for s in siblings if self.lookahead.round_work(s))
 
     def _try_decide(self, time: float) -> list:
         actions = []
@@ -221,7 +225,7 @@ class Search:
             c.state, c.retained_copies = RETAINED, copies
             actions += self._reconcile_children(c, children[c], time)
         actions += self._release([c for c, _ in retained])
-        actions += self._reprioritize()
+        actions += self.reprioritize()
         next_round = self.rounds[rd.index + 1]
         actions += self._drop(self.pruning.after_decision(self, next_round))
         actions += self.speculation.on_round_decided(self, time)
@@ -255,29 +259,29 @@ class Search:
         return min((e.created_at for e in rd.expansions), default=0.0)
 
     # ---- expansions -------------------------------------------------------------------------------
-    def _expand(self, parent: Candidate | None, round_index: int, child_keys: list, time: float,
-                head_start: Expansion | None = None) -> list:
-        """These logical children of parent: one expansion (CD) or one expansion per child; head_start: a
-        FastTTS continuation whose text so far (truncated) each of them starts from."""
+    def expand(self, parent: Candidate | None, round_index: int, child_keys: list[Key], time: float) -> list[Action]:
+        """These logical children of parent: one expansion (CD) or one expansion per child."""
+        return [self.expand_action(e) for e in self._new_children(parent, round_index, child_keys, time)]
+
+    def _new_children(self, parent: Candidate | None, round_index: int, child_keys: list[Key],
+                      time: float) -> list[Expansion]:
+        """The expansions of these logical children, grouped by the dedup policy, added to the tree."""
         if not child_keys:
             return []
-        groups = self.dedup.expansions(child_keys)
-        expansions = [self._new_expansion(parent, round_index, keys, time) for keys in groups]
-        for e in expansions:
-            e.head_start_of = head_start.id if head_start is not None else None
-        return [Expand(*self._expand_fields(e), e.head_start_of) for e in expansions]
+        return [self.new_expansion(parent, round_index, keys, time) for keys in self.dedup.expansions(child_keys)]
 
-    def _expand_fields(self, e: Expansion) -> tuple[int, int | None, int, int, bool, tuple[int, ...] | None, bool]:
+    def expand_action(self, e: Expansion) -> Expand:
         parent_handle = e.parent.handle if e.parent is not None else None
         final = e.round == self.last_round
-        return (e.id, parent_handle, e.multiplicity, e.priority, final, e.seeds, e.lookahead)
+        return Expand(e.id, parent_handle, e.multiplicity, e.priority, final, e.seeds, e.lookahead, e.start_from)
 
-    def _new_expansion(self, parent, round_index: int, child_keys: tuple, time: float, lookahead=False) -> Expansion:
+    def new_expansion(self, parent: Candidate | None, round_index: int, child_keys: tuple[Key, ...], time: float,
+                      lookahead: bool = False) -> Expansion:
         while len(self.rounds) <= round_index:
             self.rounds.append(Round(len(self.rounds)))
         seeds = seeds_of(self.config.seed, child_keys)
         e = Expansion(next(self._ids), parent, round_index, child_keys, seeds, time, lookahead=lookahead)
-        e.priority = LOOKAHEAD_PRIORITY if lookahead else self._priority(e)
+        e.priority = self._priority(e)
         self.expansions[e.id] = e
         self.rounds[round_index].expansions.append(e)
         if parent is not None:
@@ -285,27 +289,27 @@ class Search:
         return e
 
     def _priority(self, e: Expansion) -> int:
-        """LookAhead continuations below everything; the rest as the speculation policy ranks it."""
-        return LOOKAHEAD_PRIORITY if e.lookahead else self.speculation.priority(self, e)
+        """The speculation policy ranks the rounds' real work; the lookahead policy what runs ahead of it."""
+        if self.lookahead.round_work(e):
+            return self.speculation.priority(self, e)
+        return self.lookahead.priority(e)
 
-    def _reconcile_children(self, c: Candidate, wanted: list, time: float) -> list:
+    def _reconcile_children(self, c: Candidate, wanted: list[Key], time: float) -> list[Action]:
         """Make c's children exactly the logical children at tree positions `wanted`: keep those already
-        started (speculation), drop the others' lanes, start the missing ones, resume a paused FastTTS
-        continuation."""
+        started (speculation, LookAhead), drop the others' lanes, start the missing ones (from what the
+        lookahead policy says they start from)."""
         wanted_keys = set(wanted)
-        have: set = set()
-        actions = []
-        head_start = None  # FastTTS: every other child starts from the continuation's text, truncated
+        have: set[Key] = set()
+        actions: list[Action] = []
         for e in [e for e in c.children if not e.cancelled]:
             keep = {j for j in e.kept if e.child_keys[j] in wanted_keys}
             if keep != e.kept:
                 actions += self._shrink(e, keep)
             have |= {e.child_keys[j] for j in keep}
-            if e.lookahead and not e.cancelled:
-                actions += promote(e)
-                head_start = e
-        missing = [key for key in wanted if key not in have]
-        return actions + self._expand(c, c.round + 1, missing, time, head_start)
+            actions += self.lookahead.on_child_kept(e)
+        new = self._new_children(c, c.round + 1, [key for key in wanted if key not in have], time)
+        self.lookahead.on_children_started(c, new)
+        return actions + [self.expand_action(e) for e in new]
 
     def _shrink(self, e: Expansion, keep: set[int]) -> list:
         """Keep only lanes `keep` of e: finished pieces lose their other lanes, generating ones are
@@ -323,11 +327,11 @@ class Search:
                     actions += self._drop([c])
         return actions + ([] if e.keep_left else self._stop_generating(e))
 
-    def _reprioritize(self, expansions=None) -> list:
-        """SetPriority for the live expansions (default: all) whose priority changed."""
+    def reprioritize(self, expansions: Iterable[Expansion] | None = None) -> list[Action]:
+        """SetPriority for the live expansions (default: all) of the rounds' real work whose priority changed."""
         changed: dict[int, list[int]] = {}
         for e in self.expansions.values() if expansions is None else expansions:
-            if e.live and not e.lookahead:
+            if e.live and self.lookahead.round_work(e):
                 p = self._priority(e)
                 if p != e.priority:
                     e.priority = p

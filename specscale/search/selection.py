@@ -1,6 +1,7 @@
 """Selection policies: how a decided round's candidates become completed paths, the retained set and its
 children, and when the search ends (docs/design.md, "Selection"). A preset names one; the search state
-machine (`search/search.py`) applies its verdict.
+machine (`search/search.py`) applies its verdict. `SearchConfig.selection` names one: each class registers under
+its name in `SELECTION` (`search/registry.py`).
 
 - `BeamSelection`: search-and-learn's beam search. Completed candidates go to the finished pool; of the
   others the k = N / M best logical copies are retained and the N children are spread over them
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from specscale.config import SearchConfig
 from specscale.search import policies
 from specscale.search.branching import BRANCHING_SCORES, dynamic_children
+from specscale.search.registry import Registry
 from specscale.search.tree import Candidate
 
 BOXED = "boxed{"
@@ -37,6 +39,9 @@ class Verdict:
     retained: list[tuple[Candidate, int]] = field(default_factory=list)
     dropped: list[Candidate] = field(default_factory=list)
     done: bool = False
+
+
+SELECTION: Registry[Selection] = Registry("selection")
 
 
 class Selection(ABC):
@@ -59,6 +64,7 @@ class Selection(ABC):
         """Children per retained logical copy, copies in the order of `retained`."""
 
 
+@SELECTION.register("beam")
 class BeamSelection(Selection):
     def decide(self, live: list[Candidate], pool: list[Candidate], last: bool) -> Verdict:
         completed = [c for c in live if c.completed]
@@ -77,11 +83,13 @@ class BeamSelection(Selection):
         return policies.cyclic_children(retained, self.config.beam_size)
 
 
+@SELECTION.register("best_of_n")
 class BestOfNSelection(BeamSelection):
     def last_round(self) -> int:
         return 0
 
 
+@SELECTION.register("dvts")
 class DVTSSelection(Selection):
     def decide(self, live: list[Candidate], pool: list[Candidate], last: bool) -> Verdict:
         verdict = Verdict()
@@ -105,9 +113,3 @@ class DVTSSelection(Selection):
     def children(self, retained: list[tuple[Candidate, int]]) -> list[int]:
         return [self.config.beam_width for _, copies in retained for _ in range(copies)]
 
-
-SELECTIONS = {"beam": BeamSelection, "best_of_n": BestOfNSelection, "dvts": DVTSSelection}
-
-
-def make_selection(config: SearchConfig) -> Selection:
-    return SELECTIONS[config.selection](config)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from specscale.search.protocol import StartFrom
+
 
 class CandidateState(enum.Enum):
     FINISHED = "finished"  # step done, not yet scored
@@ -40,8 +42,8 @@ class Expansion:
     child_keys: tuple[Key, ...]
     seeds: tuple[int, ...] | None  # one per lane (search/seeds.py)
     created_at: float
-    lookahead: bool = False
-    head_start_of: int | None = None  # FastTTS: the continuation whose text this child starts from
+    lookahead: bool = False  # a LookAhead continuation running ahead of its round (the lookahead policy's state)
+    start_from: StartFrom | None = None  # what it starts from other than its parent's end (the lookahead policy's)
     started_as_lookahead: bool = False  # FastTTS: began as a LookAhead continuation (lookahead may end)
     priority: int = 0
     paused: bool = False

@@ -1,6 +1,8 @@
 """Verification policies: when a finished step goes to the PRM and how the verify queue batches it
-(docs/design.md, "Verification"). A preset names one by `SearchConfig.verification`. `Search` calls its hooks
-when a step finishes (`on_step_finished`) and when a round has finished generating (`on_round_generated`).
+(docs/design.md, "Verification"). A preset names one by `SearchConfig.verification`: each class registers under
+its name in `VERIFICATION` (`search/registry.py`). `Search` calls its hooks, with itself as a `SearchOps`
+(`search/ops.py`), when a step finishes (`on_step_finished`) and when a round has finished generating
+(`on_round_generated`); the runtime reads a class's `batching` to queue its steps.
 
 - round: a request's whole round once it has finished generating, batched across requests (beam search);
 - immediate: each step as soon as it finishes, batched across requests (speculative variants);
@@ -14,9 +16,13 @@ when a step finishes (`on_step_finished`) and when a round has finished generati
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
+from typing import ClassVar
 
+from specscale.config import SearchConfig
+from specscale.search.ops import SearchOps
+from specscale.search.protocol import Action
+from specscale.search.registry import Registry
 from specscale.search.tree import Candidate, Round
 
 
@@ -31,34 +37,53 @@ class BatchMode(Enum):
 AT_ONCE, LAZY, ONE_REQUEST = BatchMode.AT_ONCE, BatchMode.LAZY, BatchMode.ONE_REQUEST
 
 
-@dataclass(frozen=True)
+VERIFICATION: Registry[Verification] = Registry("verification")
+
+
 class Verification:
-    name: str
-    per_step: bool  # True: a step is sent as it finishes; False: a round at once, when it has finished generating
-    batching: BatchMode  # how `runtime/verify_queue.py` batches this policy's steps
+    """A verification policy: when a finished step goes to the PRM (`per_step`) and how the runtime's verify
+    queue batches it (`batching`). Each hook takes the calling search (`search/ops.py`)."""
 
-    @property
-    def is_lazy(self) -> bool:
-        return self.batching is LAZY
+    per_step: ClassVar[bool]  # True: a step is sent as it finishes; False: a round at once, once it has generated
+    batching: ClassVar[BatchMode]  # how `runtime/verify_queue.py` batches this policy's steps
 
-    def on_step_finished(self, search, c: Candidate) -> list:
+    def __init__(self, config: SearchConfig):
+        self.config = config
+
+    def on_step_finished(self, search: SearchOps, c: Candidate) -> list[Action]:
         """A step finished as candidate c: a per-step policy sends it now (saying whether its sibling group
         is complete, lazy verification's trigger 2)."""
         if not self.per_step:
             return []
-        return [search._verify(c, completes_group=search._group_complete(c.expansion))]
+        return [search.verify(c, completes_group=search.group_complete(c.expansion))]
 
-    def on_round_generated(self, search, rd: Round) -> list:
+    def on_round_generated(self, search: SearchOps, rd: Round) -> list[Action]:
         """Round rd has finished generating: a round-at-once policy sends it once it is the round being decided."""
         if self.per_step or rd.index != search.last_decided + 1:
             return []
-        return search._verify_round(rd)
+        return search.verify_round(rd)
 
 
-VERIFICATIONS = {
-    "round": Verification("round", per_step=False, batching=AT_ONCE),
-    "immediate": Verification("immediate", per_step=True, batching=AT_ONCE),
-    "lazy": Verification("lazy", per_step=True, batching=LAZY),
-    "lazy_round": Verification("lazy_round", per_step=False, batching=LAZY),
-    "per_request": Verification("per_request", per_step=False, batching=ONE_REQUEST),
-}
+@VERIFICATION.register("round")
+class RoundVerification(Verification):
+    per_step, batching = False, AT_ONCE
+
+
+@VERIFICATION.register("immediate")
+class ImmediateVerification(Verification):
+    per_step, batching = True, AT_ONCE
+
+
+@VERIFICATION.register("lazy")
+class LazyVerification(Verification):
+    per_step, batching = True, LAZY
+
+
+@VERIFICATION.register("lazy_round")
+class LazyRoundVerification(Verification):
+    per_step, batching = False, LAZY
+
+
+@VERIFICATION.register("per_request")
+class PerRequestVerification(Verification):
+    per_step, batching = False, ONE_REQUEST
