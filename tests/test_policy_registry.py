@@ -22,11 +22,12 @@ from specscale.search.verification import VERIFICATION
 
 
 def test_every_kind_reads_its_names_from_its_registry():
-    assert SELECTION.names() == ("beam", "best_of_n", "dvts")
-    assert VERIFICATION.names() == ("immediate", "lazy", "lazy_round", "per_request", "round")
-    assert SPECULATION.names() == ("eager", "none")
-    assert PRUNING.names() == ("none", "strict", "strict_ties")
-    assert LAZY_FLUSH.names() == ("adaptive", "fixed")
+    """The names the presets use are registered (a kind may hold more: a new policy is one class)."""
+    assert {"beam", "best_of_n", "dvts"} <= set(SELECTION.names())
+    assert {"immediate", "lazy", "lazy_round", "per_request", "round"} <= set(VERIFICATION.names())
+    assert {"eager", "none"} <= set(SPECULATION.names())
+    assert {"none", "strict", "strict_ties"} <= set(PRUNING.names())
+    assert {"adaptive", "fixed"} <= set(LAZY_FLUSH.names())
     assert SHORTCUT.names() == DEDUP.names() == LOOKAHEAD.names() == ("off", "on")
 
 
