@@ -54,7 +54,7 @@ def test_an_unknown_name_is_refused_by_preset_config_and_by_search(field):
 
 
 def test_an_unknown_lazy_flush_policy_is_refused_where_it_is_built():
-    with pytest.raises(ValueError, match=r"lv_policy must be one of \('adaptive', 'fixed'\), got 'sometimes'"):
+    with pytest.raises(ValueError, match=r"lv_policy must be one of \(.*'fixed'.*\), got 'sometimes'"):
         flush_policy(_unchecked(lv_policy="sometimes"), 64)
     assert isinstance(flush_policy(SearchConfig(lv_policy="adaptive"), 64), AdaptiveBudget)
     assert isinstance(flush_policy(SearchConfig(), 64), FixedTriggers)
