@@ -2,8 +2,9 @@
 
     python -m specscale_lab.train toy [--out DIR] [--seed S] [--smoke] [--generator-from DIR]
 
-``toy`` regenerates the bundled toy generator and PRM (``specscale/assets/toy-generator`` and
-``specscale/assets/toy-prm``) from the seed; ``--generator-from DIR`` keeps an existing generator (and
+``toy`` trains the toy generator and PRM from the seed into ``DIR/toy-generator`` and ``DIR/toy-prm``: by
+default a new folder ``runs/toy-<date>-<time>``, so that nothing is overwritten that the user did not name;
+``--out specscale/assets`` replaces the bundled models; ``--generator-from DIR`` keeps an existing generator (and
 its tokenizer) and trains the PRM only. ``--smoke`` runs the same pipeline with a few optimiser steps
 and a handful of sampled problems, to check it end to end in seconds (its models are useless).
 """
@@ -12,11 +13,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+import time
 from pathlib import Path
 
-from specscale_lab.tasks.toy import ASSETS_DIR
+from specscale.cli import interrupted_status, interrupted_text, sigterm_interrupts
 from specscale_lab.train.loop import TrainPlan
-from specscale_lab.train.toy import ToyRecipe, train_toy
+from specscale_lab.train.toy import GENERATOR_DIR, PRM_DIR, ToyRecipe, train_toy
+
+PROG = "python -m specscale_lab.train"
+BUNDLED = "specscale/assets"  # where the bundled toy models live in a checkout (ASSETS_DIR)
 
 
 def smoke_recipe() -> ToyRecipe:
@@ -28,18 +34,35 @@ def smoke_recipe() -> ToyRecipe:
     return dataclasses.replace(recipe, tokenizer_problems=300, generator=generator, prm=prm)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specscale_lab.train", description=__doc__.splitlines()[0])
+def new_run_folder() -> Path:
+    """runs/toy-<date>-<time>: a folder of its own for each run."""
+    return Path("runs") / time.strftime("toy-%Y%m%d-%H%M%S")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    toy = sub.add_parser("toy", help="train the bundled toy generator and PRM")
-    toy.add_argument("--out", type=Path, default=ASSETS_DIR, help="folder for toy-generator/ and toy-prm/")
+    toy = sub.add_parser("toy", help="train the toy generator and PRM")
+    toy.add_argument("--out", type=Path, default=None,
+                     help=f"folder for {GENERATOR_DIR}/ and {PRM_DIR}/ (default: a new runs/toy-<date>-<time>; "
+                          f"{BUNDLED} replaces the bundled models)")
     toy.add_argument("--seed", type=int, default=0)
     toy.add_argument("--smoke", action="store_true", help="a few steps only, to test the pipeline")
     toy.add_argument("--generator-from", type=Path, default=None,
                      help="reuse this toy-generator folder (and its tokenizer); train the PRM only")
     args = parser.parse_args(argv)
-    train_toy(args.out, args.seed, smoke_recipe() if args.smoke else ToyRecipe(), generator_from=args.generator_from)
+    out = args.out or new_run_folder()
+    print(f"training the toy models into {out}/{GENERATOR_DIR} and {out}/{PRM_DIR}", flush=True)
+    with sigterm_interrupts():
+        try:
+            train_toy(out, args.seed, smoke_recipe() if args.smoke else ToyRecipe(),
+                      generator_from=args.generator_from)
+        except KeyboardInterrupt as interrupt:
+            print(f"\n{PROG} toy: {interrupted_text(interrupt)}", file=sys.stderr)
+            return interrupted_status(interrupt)
+    print(f"done: use them with --generator {out}/{GENERATOR_DIR} --prm {out}/{PRM_DIR}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

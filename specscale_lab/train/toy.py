@@ -5,7 +5,8 @@ folders (``config.json``, ``model.safetensors`` in bf16, ``tokenizer.json``, ``t
 with a ChatML ``chat_template``; ``generation_config.json`` for the generator) plus a
 ``training.json`` per folder with the recipe and measured times. The generator's folder is written as
 soon as it is trained, before the PRM's run, so that ``--generator-from`` can resume from it.
-``python -m specscale_lab.train toy`` runs it into the package's ``assets`` folder.
+``python -m specscale_lab.train toy`` runs it into a new ``runs/toy-<date>-<time>`` folder (``--out
+specscale/assets``: into the package's ``assets`` folder, replacing the bundled models).
 """
 
 from __future__ import annotations
