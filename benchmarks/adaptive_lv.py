@@ -25,7 +25,8 @@ import torch
 
 from specscale.search.presets import preset_config
 from specscale.sim.simulation import Simulation, SimulationConfig
-from specscale_lab.bench.common import fresh_runtime, markdown_table, paired_seed, run_batch
+from specscale_lab.bench.outputs import markdown_table
+from specscale_lab.bench.runs import fresh_runtime, paired_seed, run_batch
 
 SETTINGS = (  # (label, preset, overrides)
     ("ep+cd (verify at once)", "ep+cd", {}),
@@ -70,7 +71,7 @@ def report(results: dict, sim: Simulation, args) -> str:
              f"{100 * r['accuracy']:.1f}%", ", ".join(f"{k} {v}" for k, v in sorted(r["flush_reasons"].items()))]
             for label, r in results.items()]
     return (f"\n{args.generator} + {args.prm} on {args.hardware}, {args.problems} {args.dataset} problems, "
-            f"N = {args.beam_size}, ≤ {args.max_concurrency} in flight, LV knee {sim.lv_threshold_tokens} tokens\n\n"
+            f"N = {args.beam_size}, ≤ {args.max_concurrency} in flight, LV knee {sim.device.lv_threshold_tokens} tokens\n\n"
             + markdown_table(header, rows))
 
 

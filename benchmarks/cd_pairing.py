@@ -11,8 +11,8 @@ import argparse
 import time
 
 from specscale.pipeline import Pipeline, PipelineConfig
-from specscale_lab.bench.common import fresh_runtime, run_batch, search_requests, toy_workload
-from specscale_lab.bench.stack import RealStack
+from specscale_lab.bench.runs import fresh_runtime, run_batch, search_requests, toy_workload
+from specscale_lab.bench.testbed import RealTestbed
 
 
 def path_multiset(result) -> list[tuple[str, int]]:
@@ -43,7 +43,7 @@ def main() -> None:
         for seed in range(args.seeds):
             for preset in (plain, cd):
                 if (preset, seed) not in cache:
-                    requests = search_requests(RealStack(pipeline), problems, preset, seed, **config)
+                    requests = search_requests(RealTestbed(pipeline), problems, preset, seed, **config)
                     cache[preset, seed] = run_batch(fresh_runtime(pipeline, 32), requests).results
             for a, b in zip(cache[plain, seed], cache[cd, seed], strict=True):
                 total += 1

@@ -18,7 +18,7 @@ import torch
 
 from specscale.config import EngineConfig
 from specscale.seam import ScoreRequest
-from specscale.verify.prm import Verifier, VerifierConfig
+from specscale.verify.prm import PRM_MAX_BATCHED_TOKENS, PRM_MAX_SEQS, Verifier, VerifierConfig
 
 BEAM_WIDTH = 4  # M: children per kept path
 QUESTION_WORDS, STEP_WORDS = 128, 64
@@ -61,7 +61,8 @@ def search_rounds(point: SearchPoint, vocab: int, seed: int) -> list[list[ScoreR
 def build_verifier(model: str, dtype: str, kv_gb: float, kernels: str = "auto") -> Verifier:
     """The verifier as the pipeline builds it (specscale/pipeline.py, build_verifier)."""
     return Verifier(VerifierConfig(EngineConfig(model=model, dtype=dtype, kv_cache_memory_gb=kv_gb,
-                                                max_num_batched_tokens=8192, max_num_seqs=1024, kernels=kernels)))
+                                                max_num_batched_tokens=PRM_MAX_BATCHED_TOKENS, max_num_seqs=PRM_MAX_SEQS,
+                                                kernels=kernels)))
 
 
 def score_search(verifier: Verifier, rounds: list[list[ScoreRequest]]) -> tuple[float, list[list[float]], int]:

@@ -142,7 +142,7 @@ def booked_run(variant: str, problems: int, beam_size: int, generator: str = GEN
     sim.close()
     per_call = fixed_seconds(hardware, "prm") + sim.prm_profile.num_layers * hardware.layer_kernel_s
     return {"variant": variant, "generator_model": generator, "elapsed_s": elapsed,
-            "output_tokens": sum(r.usage.output_tokens for r in results), "knee_tokens": sim.lv_threshold_tokens, "prm_per_call_s": per_call, **cost.book}
+            "output_tokens": sum(r.usage.output_tokens for r in results), "knee_tokens": sim.device.lv_threshold_tokens, "prm_per_call_s": per_call, **cost.book}
 
 
 def bounded(run: dict, beam_tok_s: float) -> dict:

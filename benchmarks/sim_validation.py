@@ -39,8 +39,9 @@ from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.search.presets import preset_config
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.workload import TOY, WorkloadParams
-from specscale_lab.bench.common import fresh_runtime, markdown_table, paired_seed, run_batch, toy_workload
 from specscale_lab.bench.latency import arrival_times, latency_numbers
+from specscale_lab.bench.outputs import markdown_table
+from specscale_lab.bench.runs import fresh_runtime, paired_seed, run_batch, toy_workload
 from specscale_lab.calibration.calibrate import top_token_prob
 from specscale_lab.calibration.cpu_fit import fit_cpu_profile
 from specscale_lab.calibration.trace import (
@@ -191,9 +192,11 @@ def load_workload(path: str | None) -> WorkloadParams:
 
 
 def simulation(hardware: str, workload: WorkloadParams, real: dict, seed: int) -> Simulation:
-    """The simulated toy stack with the real run's engine settings (spare rows; KV pools are ample in both)."""
+    """The simulated toy stack with the real run's engine settings (spare rows, LV threshold; KV pools are ample
+    in both)."""
     return Simulation(SimulationConfig(hardware=hardware, generator=str(TOY_GENERATOR), prm=str(TOY_PRM),
-                                       workload=workload, spare_rows=real["run"].get("spare_rows"), seed=seed))
+                                       workload=workload, spare_rows=real["run"].get("spare_rows"),
+                                       lv_threshold_tokens=real["run"]["lv_threshold_tokens"], seed=seed))
 
 
 def simulate_throughput(hardware: str, workload: WorkloadParams, real: dict, seed: int) -> dict:
@@ -207,7 +210,7 @@ def simulate_throughput(hardware: str, workload: WorkloadParams, real: dict, see
             requests = [sim.request(p, preset_config(variant, seed=paired_seed(args.seed, i), beam_size=n,
                                                      beam_width=args.beam_width, max_rounds=args.max_rounds),
                                     f"{variant} {i}") for i, p in enumerate(problems)]
-            runtime = fresh_runtime(sim, args.max_concurrency, lv_threshold_tokens=real["run"]["lv_threshold_tokens"])
+            runtime = fresh_runtime(sim, args.max_concurrency)
             batch = run_batch(runtime, requests)
             results.setdefault(variant, {})[str(n)] = simulated_numbers(batch, problems)
             print(f"simulated {variant} N={n}: {results[variant][str(n)]['output_tokens_per_s']:.0f} output tok/s",
@@ -217,7 +220,7 @@ def simulate_throughput(hardware: str, workload: WorkloadParams, real: dict, see
 
 
 def simulated_numbers(batch, problems) -> dict:
-    """The throughput numbers `bench/common.py:serving_numbers` reports, on the simulated clock."""
+    """The throughput numbers `bench/numbers.py:serving_numbers` reports, on the simulated clock."""
     metrics = batch.runtime.metrics.summary()
     usage = [r.usage for r in batch.results]
     correct = sum(r.answer is not None and r.answer == p.answer for r, p in zip(batch.results, problems, strict=True))
@@ -250,7 +253,7 @@ def simulate_latency(hardware: str, workload: WorkloadParams, real: dict, seed: 
                 requests = [sim.request(p, preset_config(variant, seed=paired_seed(args.seed, i), beam_size=n,
                                                          beam_width=args.beam_width, max_rounds=args.max_rounds),
                                         f"{variant} {rate} {i}") for i, p in enumerate(problems)]
-                latencies = open_loop(sim, args.max_concurrency, requests, arrivals, real["run"]["lv_threshold_tokens"])
+                latencies = open_loop(sim, args.max_concurrency, requests, arrivals)
                 points.append({"rate": rate, **latency_numbers(latencies)})
             results.setdefault(variant, {})[str(n)] = {"rates": points}
             print(f"simulated latency {variant} N={n}", file=sys.stderr)
@@ -258,13 +261,12 @@ def simulate_latency(hardware: str, workload: WorkloadParams, real: dict, seed: 
     return results
 
 
-def open_loop(sim: Simulation, max_concurrency: int, requests, arrivals: list[float], lv_threshold: int) -> list[dict]:
+def open_loop(sim: Simulation, max_concurrency: int, requests, arrivals: list[float]) -> list[dict]:
     """`bench/latency.py:serve_open_loop` on the virtual clock: submit at arrival, tick in between, and move
     the clock to the next arrival when nothing runs."""
     clock = sim.clock
     finished_at: dict[str, float] = {}
-    runtime = fresh_runtime(sim, max_concurrency, lv_threshold_tokens=lv_threshold,
-                            on_finished=lambda request_id, _: finished_at.__setitem__(request_id, clock()))
+    runtime = fresh_runtime(sim, max_concurrency, on_finished=lambda request_id, _: finished_at.__setitem__(request_id, clock()))
     pending, ids, start = deque(zip(arrivals, requests, strict=True)), [], clock()
     while pending or runtime.has_work():
         now = clock() - start

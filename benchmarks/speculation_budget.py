@@ -23,13 +23,9 @@ from pathlib import Path
 import torch
 
 from specscale.sim.simulation import Simulation, SimulationConfig
-from specscale_lab.bench.common import (
-    fresh_runtime,
-    markdown_table,
-    run_batch,
-    search_requests,
-    serving_numbers,
-)
+from specscale_lab.bench.numbers import serving_numbers
+from specscale_lab.bench.outputs import markdown_table
+from specscale_lab.bench.runs import fresh_runtime, run_batch, search_requests
 
 UNBOUNDED = 512  # the scheduler's max_num_seqs: speculation may fill the batch
 WAYS = (  # (label, budgeted, ranked)

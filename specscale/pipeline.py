@@ -1,9 +1,10 @@
-"""Pipeline: the generator engine and the PRM verifier built from one config, and search runtimes over them.
+"""Pipeline: the `stack.py` `Stack` on real checkpoints — our engine for the generator, the PRM verifier in this
+process or served elsewhere — built from one frozen description, `PipelineConfig`.
 
-The CLI (`specscale solve`, `specscale bench`, `specscale eval`) and the server build their serving stack
-here, so they agree on defaults: the bundled toy models, served in their checkpoint dtype (bf16), on CPU.
-A `Pipeline` is a `stack.py` `Stack` on real checkpoints; `sim/simulation.py` `Simulation` is the same
-`Stack` on simulated models, with the device properties resolved by the same functions.
+The CLI (`specscale solve`, `specscale bench`, `specscale eval`) and the server build it through
+`composition.py` `build_stack`, so they agree on defaults: the bundled toy models, served in their checkpoint
+dtype (bf16), on CPU. `device_properties` is this kind's one call of the shared resolver
+(`device_resolver.py`), which `sim/simulation.py` calls too.
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ import torch
 from specscale.chat_text import render_chat_text
 from specscale.config import EngineConfig, SearchConfig
 from specscale.costmodel.model_profile import ModelProfile
-from specscale.costmodel.prm_knee import cost_model_knee
-from specscale.costmodel.row_budget import device_cost_model, resolve_row_budget
+from specscale.costmodel.row_budget import device_cost_model
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
+from specscale.device_resolver import resolve_device_properties
 from specscale.engine.decode_profile import load_row_budget
 from specscale.engine.engine import Engine
 from specscale.prompts import TOY_GENERATOR_SYSTEM_PROMPT, chat_messages
 from specscale.runtime.backend import VerifierBackend
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.runtime import SearchRequest
-from specscale.stack import DeviceProperties, Stack
-from specscale.verify.prm import Verifier, VerifierConfig
-from specscale.verify.profile import load_lv_threshold, profile_at_start, resolve_lv_threshold
+from specscale.stack import Stack
+from specscale.verify.prm import PRM_MAX_BATCHED_TOKENS, PRM_MAX_SEQS, Verifier, VerifierConfig
+from specscale.verify.profile import load_lv_threshold, profile_at_start
 
 
 @dataclass(frozen=True)
@@ -55,35 +57,52 @@ class PipelineConfig:
     kernels: str = "auto"  # EngineConfig.kernels of both engines
     profile_prm: bool = True  # a PRM never profiled on this device is profiled at start (verify/profile.py)
 
+    def build(self) -> Pipeline:
+        """The stack this describes, its PRM in this process (`composition.py` `build_stack`)."""
+        return Pipeline(self)
+
 
 def build_verifier(config: PipelineConfig) -> Verifier:
     """The PRM verifier of this config (a pipeline's own, or a PRM replica's in disaggregated serving:
     docs/scale-out.md)."""
     return Verifier(VerifierConfig(EngineConfig(
         model=config.prm, dtype=config.prm_dtype, device=config.device, kv_cache_memory_gb=config.prm_kv_gb,
-        max_num_batched_tokens=8192, max_num_seqs=1024, seed=config.seed, kernels=config.kernels,
+        max_num_batched_tokens=PRM_MAX_BATCHED_TOKENS, max_num_seqs=PRM_MAX_SEQS, seed=config.seed,
+        kernels=config.kernels,
     ), trust_special_tokens=config.trust_special_tokens))
 
 
 def device_properties(config: PipelineConfig, prm_is_local: bool = True) -> DeviceProperties:
-    """The config's device properties, through the resolvers the simulated stack uses too (stack.py). A local
-    PRM with no profile on this device is profiled now when config.profile_prm (before any engine is built);
-    a PRM served elsewhere (docs/scale-out.md) is not profiled here: its profile file if this machine has one,
-    else the cost model's knee."""
+    """The config's device properties, through the resolver the simulated stack calls too
+    (device_resolver.py). A local PRM with no profile on this device is profiled now when config.profile_prm
+    (before any engine is built); a PRM served elsewhere (docs/scale-out.md) is not profiled here: its profile
+    file if this machine has one, else the cost model's knee."""
     name = torch.cuda.get_device_name(config.device) if config.device.startswith("cuda") else None
-    generator = ModelProfile.load(config.generator, None if config.generator_dtype == "auto" else config.generator_dtype)
-    cost_model = device_cost_model(config.device, name)
-    spare_rows = resolve_row_budget(config.spare_rows, cost_model, generator, config.max_num_seqs,
-                                    load_row_budget(config.generator, config.device))
-    override = config.lv_threshold_tokens
-    profiled = None if override is not None else load_lv_threshold(config.prm, config.device)
-    if override is None and profiled is None and config.profile_prm and prm_is_local:
-        profiled = profile_at_start(config.prm, config.prm_dtype, config.device)
-    modelled = None
-    if override is None and profiled is None and cost_model is not None:  # never profiled here: the cost model's knee
-        prm = ModelProfile.load(config.prm, None if config.prm_dtype == "auto" else config.prm_dtype)
-        modelled = cost_model_knee(cost_model, prm)
-    return DeviceProperties(resolve_lv_threshold(override, profiled, modelled), spare_rows)
+    generator = ModelProfile.load(config.generator, _dtype(config.generator_dtype))
+
+    def prm() -> ModelProfile:  # read only when the cost model's knee is needed
+        return ModelProfile.load(config.prm, _dtype(config.prm_dtype))
+
+    return resolve_device_properties(
+        device_cost_model(config.device, name), generator, prm, config.max_num_seqs, config.lv_threshold_tokens,
+        config.spare_rows, profiled_lv=_profiled_lv(config, prm_is_local),
+        measured_rows=load_row_budget(config.generator, config.device),
+    )
+
+
+def _profiled_lv(config: PipelineConfig, prm_is_local: bool) -> int | None:
+    """The PRM's knee measured on this device: its profile file, else (a local PRM, profile_prm) a profile
+    taken now; None with an override (nothing to measure) or neither."""
+    if config.lv_threshold_tokens is not None:
+        return None
+    profiled = load_lv_threshold(config.prm, config.device)
+    if profiled is None and config.profile_prm and prm_is_local:
+        return profile_at_start(config.prm, config.prm_dtype, config.device)
+    return profiled
+
+
+def _dtype(name: str) -> str | None:
+    return None if name == "auto" else name
 
 
 class Pipeline(Stack):

@@ -1,36 +1,28 @@
-"""Stack: the composition root of a running system — a generator engine, a PRM verifier, the clock they
-run on and the device properties resolved for them, handed out once to whatever drives searches.
+"""Stack: a running system — a generator engine, a PRM verifier, the clock they run on and the device
+properties resolved for them, handed out once to whatever drives searches.
 
-Two stacks build one: `pipeline.py` `Pipeline` on real checkpoints (wall clock) and `sim/simulation.py`
-`Simulation` on simulated models (virtual clock, docs/simulator.md). Each resolves the device properties
-through the same one function per property, before it builds its engines:
+`composition.py` `build_stack` builds one from a description, one builder per backend kind: `pipeline.py`
+`Pipeline` on real checkpoints (wall clock; its PRM in this process or served elsewhere) and
+`sim/simulation.py` `Simulation` on simulated models (virtual clock, docs/simulator.md). Each resolves its
+`DeviceProperties` once, through `device_resolver.py` `resolve_device_properties`, before it builds its
+engines; the stack hands the value down (the row budget to its generator engine, the LV threshold to every
+runtime it builds).
 
-- the speculative row budget: `costmodel/row_budget.py` `resolve_row_budget` (the device's cost model);
-- the lazy-verification threshold: `verify/profile.py` `resolve_lv_threshold` (the PRM's profiled knee).
-
-The CLI, the server (`server/search_stack.py`) and the benchmarks take runtimes from a stack
+The CLI, the server (`server/serving_process.py`) and the benchmarks take runtimes from a stack
 (`runtime(...)`), so whatever drives a runtime runs on either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from specscale.answers import read_answers
 from specscale.engine.engine import Engine
 from specscale.engine.generator_backend import EngineBackend
 from specscale.runtime.backend import GeneratorBackend, VerifierBackend
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.runtime import SearchRuntime
 from specscale.verify.prm import Verifier
-
-
-@dataclass(frozen=True)
-class DeviceProperties:
-    """What a stack resolved for its device. spare_rows None: speculative rows are unbounded (no cost model)."""
-
-    lv_threshold_tokens: int
-    spare_rows: int | None
 
 
 class Stack:
@@ -45,14 +37,6 @@ class Stack:
         self.device = device
         self.max_concurrency = max_concurrency
 
-    @property
-    def lv_threshold_tokens(self) -> int:
-        return self.device.lv_threshold_tokens
-
-    @property
-    def spare_rows(self) -> int | None:
-        return self.device.spare_rows
-
     def local_engines(self) -> list[Engine]:
         """The engines this process runs: the generator's, and the PRM's unless it is served elsewhere."""
         return [self.engine] + ([self.verifier.engine] if isinstance(self.verifier, Verifier) else [])
@@ -62,17 +46,16 @@ class Stack:
         return EngineBackend(self.engine), self.verifier
 
     def runtime(self, max_concurrency: int | None = None, generator: GeneratorBackend | None = None,
-                verifier: VerifierBackend | None = None, lv_threshold_tokens: int | None = None,
+                verifier: VerifierBackend | None = None, device: DeviceProperties | None = None,
                 **options) -> SearchRuntime:
         """A runtime with fresh metrics over this stack's backends (or instrumented stand-ins for them) and
-        clock; lv_threshold_tokens None takes the stack's (a sweep sets its own); options: `SearchRuntime`'s
-        callbacks, keep_finished and read_answers (default: `answers.read_answers`, math-verify grouping)."""
+        clock, with the stack's device properties (a sweep of the LV threshold hands another value);
+        options: `SearchRuntime`'s callbacks, keep_finished and read_answers (default: `answers.read_answers`,
+        math-verify grouping)."""
         own_generator, own_verifier = self.backends()
         options.setdefault("read_answers", read_answers)
-        return SearchRuntime(generator or own_generator, verifier or own_verifier, clock=self.clock,
-                             max_concurrency=max_concurrency or self.max_concurrency,
-                             lv_threshold_tokens=self.lv_threshold_tokens if lv_threshold_tokens is None else lv_threshold_tokens,
-                             **options)
+        return SearchRuntime(generator or own_generator, verifier or own_verifier, device or self.device,
+                             clock=self.clock, max_concurrency=max_concurrency or self.max_concurrency, **options)
 
     def close(self) -> None:
         self.verifier.close()

@@ -11,22 +11,26 @@ import time
 
 from tqdm import tqdm
 
+from specscale.composition import build_stack
 from specscale.config import KERNEL_MODES
-from specscale.pipeline import Pipeline, PipelineConfig
+from specscale.pipeline import PipelineConfig
+from specscale.preset_argument import preset_argument
 from specscale.search.presets import PRESETS, preset_config
+from specscale_lab.bench.arguments import given_search_flags
 from specscale_lab.tasks.toy import is_correct, toy_problems
 
 
 def add_solve(sub) -> None:
     p = sub.add_parser("solve", help="solve questions with PRM-guided search (default: toy test problems)")
-    p.add_argument("--preset", default="specscale", choices=sorted(PRESETS))
+    p.add_argument("--preset", default="specscale", type=preset_argument,
+                   help=f"a preset or preset[field=value,...] (presets: {', '.join(sorted(PRESETS))})")
     p.add_argument("--question", action="append", help="a question (repeatable); default: toy test problems")
     p.add_argument("--problems", type=int, default=16, help="how many toy test problems")
-    p.add_argument("--beam-size", type=int, default=8)
-    p.add_argument("--beam-width", type=int, default=4)
-    p.add_argument("--max-rounds", type=int, default=40)
+    p.add_argument("--beam-size", type=int, default=None, help="N (default: the preset's)")
+    p.add_argument("--beam-width", type=int, default=None, help="M, children per retained path (default: the preset's)")
+    p.add_argument("--max-rounds", type=int, default=None, help="rounds per search (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--filter-duplicates", action="store_true",
+    p.add_argument("--filter-duplicates", action="store_true", default=None,
                    help="identical paths compete as one in selection (search-and-learn's option; docs/design.md)")
     p.add_argument("--generator", default=PipelineConfig.generator)
     p.add_argument("--prm", default=PipelineConfig.prm)
@@ -38,15 +42,13 @@ def add_solve(sub) -> None:
 
 
 def run_solve(args) -> int:
-    pipeline = Pipeline(PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
-                                       device=args.device, kernels=args.kernels))
+    pipeline = build_stack(PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
+                                          device=args.device, kernels=args.kernels))
     problems = None if args.question else toy_problems("test", args.problems, seed=args.seed)
     questions = args.question or [p.question for p in problems]
     requests = []
     for i, question in enumerate(questions):
-        config = preset_config(args.preset, beam_size=args.beam_size, beam_width=args.beam_width,
-                               max_rounds=args.max_rounds, seed=args.seed * 100_003 + i,
-                               filter_duplicates=args.filter_duplicates)
+        config = preset_config(args.preset, seed=args.seed * 100_003 + i, **given_search_flags(args))
         requests.append(pipeline.request(question, config, request_id=f"q{i}"))
     runtime = pipeline.runtime()
     start = time.perf_counter()

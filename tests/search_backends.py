@@ -18,6 +18,7 @@ from scripted_verifier import ScriptedVerifier
 from specscale.answers import read_answers
 from specscale.config import SearchConfig
 from specscale.pipeline import Pipeline, PipelineConfig
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.sim.clock import VirtualClock
 from specscale.sim.simulation import Simulation, SimulationConfig
@@ -40,10 +41,8 @@ def scripted_runtime(max_concurrency: int = 32, step_fn=seeded_step, perfect_rat
                      score_levels: int = 10_000, **options) -> SearchRuntime:
     clock = VirtualClock()
     verifier = ScriptedVerifier(clock, perfect_rate=perfect_rate, score_levels=score_levels)
-    return SearchRuntime(ScriptedGenerator(clock, step_fn), verifier,
-                         clock=clock, max_concurrency=max_concurrency, lv_threshold_tokens=SCRIPTED_LV_THRESHOLD,
-                         read_answers=read_answers,
-                         **options)
+    return SearchRuntime(ScriptedGenerator(clock, step_fn), verifier, DeviceProperties(SCRIPTED_LV_THRESHOLD, None),
+                         clock=clock, max_concurrency=max_concurrency, read_answers=read_answers, **options)
 
 
 def scripted_request(index: int, config: SearchConfig, request_id: str | None = None) -> SearchRequest:

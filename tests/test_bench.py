@@ -15,9 +15,12 @@ from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from specscale.cli import build_parser, main
 from specscale_lab.bench import SUBCOMMANDS
 from specscale_lab.bench.accuracy import paired_difference
+from specscale_lab.bench.arguments import LADDER
 from specscale_lab.bench.characterize import linear_fit, shared_tokens
-from specscale_lab.bench.common import LADDER, command_line, interleaved, median_summary, paired_seed, percentile
 from specscale_lab.bench.latency import arrival_times, sustainable_rate
+from specscale_lab.bench.numbers import median_summary, percentile
+from specscale_lab.bench.outputs import command_line
+from specscale_lab.bench.runs import interleaved, paired_seed
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -236,7 +239,7 @@ def test_only_variants_that_promise_beams_paths_are_held_to_the_pairing_target()
 
 
 def test_a_run_header_names_every_kernel_path_each_model_took():
-    from specscale_lab.bench.common import kernels_markdown
+    from specscale_lab.bench.outputs import kernels_markdown
 
     report = {"linear_paths": {"onednn": 20}, "attention": "cpp", "prefill_attention": "torch"}
     text = kernels_markdown({"machine": {"isa": "Test CPU (AMX)"}, "kernels": {"generator": report, "prm": report}})

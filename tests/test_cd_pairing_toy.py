@@ -6,8 +6,8 @@ import pytest
 
 from engine_helpers import serving_pipeline
 from specscale.pipeline import PipelineConfig
-from specscale_lab.bench.common import fresh_runtime, run_batch, search_requests, toy_workload
-from specscale_lab.bench.stack import RealStack
+from specscale_lab.bench.runs import fresh_runtime, run_batch, search_requests, toy_workload
+from specscale_lab.bench.testbed import RealTestbed
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def test_beam_cd_returns_beams_paths_on_toy_problems(pipeline):
     problems = toy_workload(8)
     results = {}
     for preset in ("beam", "beam+cd"):
-        requests = search_requests(RealStack(pipeline), problems, preset, 1, beam_size=8, beam_width=4, max_rounds=40)
+        requests = search_requests(RealTestbed(pipeline), problems, preset, 1, beam_size=8, beam_width=4, max_rounds=40)
         results[preset] = run_batch(fresh_runtime(pipeline, 8), requests).results
     same = [a.best.text == b.best.text for a, b in zip(results["beam"], results["beam+cd"], strict=True)]
     assert sum(same) >= 7, same  # 8 of 8 measured; one problem of slack for numerical ties

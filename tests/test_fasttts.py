@@ -8,6 +8,7 @@ import pytest
 
 from scripted_generator import EOS, NEWLINE, ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.seam import KVUsage, ScoreResult
 from specscale.search.branching import dynamic_children
@@ -61,7 +62,8 @@ class RecordingVerifier(ScriptedVerifier):
 def run(preset, n_requests=4, **overrides):
     clock = VirtualClock()
     generator, verifier = ScriptedGenerator(clock), RecordingVerifier(clock)
-    runtime = SearchRuntime(generator, verifier, clock=clock, max_concurrency=32, lv_threshold_tokens=40)
+    runtime = SearchRuntime(generator, verifier, clock=clock, max_concurrency=32,
+                            device=DeviceProperties(40, None))
     options = dict(beam_size=8, beam_width=4, max_rounds=6, seed=7)
     options.update(overrides)
     requests = [SearchRequest(f"question {i}", PROMPT + [i], preset_config(preset, **options), f"r{i}")
@@ -194,7 +196,7 @@ class TableVerifier:
 def test_a_hand_made_trace_gets_fasttts_decisions():
     clock = VirtualClock()
     verifier = TableVerifier(clock)
-    runtime = SearchRuntime(ScriptedGenerator(clock, table_step), verifier, clock=clock)
+    runtime = SearchRuntime(ScriptedGenerator(clock, table_step), verifier, DeviceProperties(2048, None), clock=clock)
     config = preset_config("fasttts-db", beam_size=4, beam_width=2, max_rounds=2, seed=SEED, max_live_sequences=3)
     result = runtime.run([SearchRequest("q", [1, 2, 3], config, "r")])[0]
     search = runtime.search("r")
@@ -235,7 +237,7 @@ def ahead_step(prefix: tuple, seed: int, final: bool) -> list[int]:
 def test_a_hand_made_trace_branches_on_the_lookahead_step(branching_score, children_of):
     clock = VirtualClock()
     verifier = TableVerifier(clock, AHEAD_SCORES)
-    runtime = SearchRuntime(ScriptedGenerator(clock, ahead_step), verifier, clock=clock)
+    runtime = SearchRuntime(ScriptedGenerator(clock, ahead_step), verifier, DeviceProperties(2048, None), clock=clock)
     config = preset_config("fasttts-db", beam_size=4, beam_width=2, max_rounds=3, seed=SEED,
                            branching_score=branching_score)
     result = runtime.run([SearchRequest("q", [1, 2, 3], config, "r")])[0]

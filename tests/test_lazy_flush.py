@@ -8,6 +8,7 @@ import pytest
 from scripted_generator import ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
 from specscale.config import SearchConfig
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.lazy_flush import AdaptiveBudget, FixedTriggers, FlushSignals, flush_policy
 from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.runtime.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
@@ -119,7 +120,7 @@ def test_the_config_names_the_policy_and_the_preset_is_specscale_with_it():
 def scripted_run(preset: str, num_blocks: int = 1000, **overrides) -> SearchRuntime:
     clock = VirtualClock()
     runtime = SearchRuntime(ScriptedGenerator(clock, num_blocks=num_blocks), ScriptedVerifier(clock), clock=clock,
-                            lv_threshold_tokens=10**6)
+                            device=DeviceProperties(10**6, None))
     config = preset_config(preset, beam_size=8, beam_width=4, max_rounds=5, seed=3, **overrides)
     runtime.run([SearchRequest(f"q{i}", [1, 2, 3, i], config) for i in range(6)])
     assert runtime.stats().live_sequences == 0

@@ -7,6 +7,7 @@ from dataclasses import replace
 from scripted_generator import ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
 from specscale.config import SearchConfig
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.lazy_flush import FixedTriggers, flush_policy
 from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.runtime.verify_queue import AT_ONCE, LAZY, QueuedStep, VerifyQueue
@@ -105,7 +106,7 @@ def test_a_cd_expansion_completes_its_group_when_its_one_row_finishes():
 def scripted_run(preset: str, threshold: int = 60, beam_width: int = 4, **overrides) -> SearchRuntime:
     clock = VirtualClock()
     runtime = SearchRuntime(ScriptedGenerator(clock), ScriptedVerifier(clock), clock=clock,
-                            lv_threshold_tokens=threshold)
+                            device=DeviceProperties(threshold, None))
     config = preset_config(preset, beam_size=8, beam_width=beam_width, max_rounds=6, seed=5, **overrides)
     runtime.run([SearchRequest(f"q{i}", [1, 2, 3, i], config) for i in range(8)])
     assert runtime.stats().live_sequences == 0

@@ -3,6 +3,7 @@ plus the flush policy for eager and per-request (FastTTS) steps, and the runtime
 
 from scripted_generator import ScriptedGenerator
 from scripted_verifier import ScriptedVerifier
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.lazy_flush import FixedTriggers
 from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.runtime.verify_queue import AT_ONCE, LAZY, ONE_REQUEST, QueuedStep, VerifyQueue
@@ -68,7 +69,8 @@ def test_specscale_runtime_flushes_lazily_with_bigger_batches():
     sizes = {}
     for preset in ("ep+cd", "specscale"):
         clock = VirtualClock()
-        runtime = SearchRuntime(ScriptedGenerator(clock), ScriptedVerifier(clock), clock=clock, lv_threshold_tokens=60)
+        runtime = SearchRuntime(ScriptedGenerator(clock), ScriptedVerifier(clock), clock=clock,
+                                device=DeviceProperties(60, None))
         config = preset_config(preset, beam_size=8, beam_width=4, max_rounds=6, seed=5)
         runtime.run([SearchRequest(f"q{i}", [1, 2, 3, i], config) for i in range(6)])
         sizes[preset] = sum(runtime.verifier.batches) / len(runtime.verifier.batches)

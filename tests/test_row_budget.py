@@ -54,7 +54,7 @@ def test_the_real_engine_and_the_simulator_take_the_same_budget_from_the_same_co
     pipeline = Pipeline(PipelineConfig(generator_kv_gb=0.1, prm_kv_gb=0.1))
     simulation = Simulation(SimulationConfig(hardware="cpu", generator=str(TOY_GENERATOR), prm=str(TOY_PRM),
                                              workload=TOY))
-    assert pipeline.engine.scheduler.spare_rows == simulation.engine.scheduler.spare_rows == simulation.spare_rows
+    assert pipeline.engine.scheduler.spare_rows == simulation.engine.scheduler.spare_rows == simulation.device.spare_rows
     assert 2 <= pipeline.engine.scheduler.spare_rows < 32  # the old fixed CPU cap was 32
     pipeline.close()
     simulation.close()

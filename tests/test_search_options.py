@@ -18,16 +18,47 @@ def test_solve_takes_filter_duplicates():
 
 def test_bench_and_eval_take_filter_duplicates():
     """Every bench sub-command and eval pass the flag on to each search's config."""
-    from specscale_lab.bench.common import search_settings
+    from specscale_lab.bench.arguments import search_settings
     from specscale_lab.evaluation.command import search_config
 
     bench = build_parser().parse_args(["bench", "throughput", "--out", "x", "--filter-duplicates"])
     assert search_settings(bench, 8)["filter_duplicates"] is True
     plain = build_parser().parse_args(["bench", "accuracy", "--out", "x"])
-    assert search_settings(plain, 8)["filter_duplicates"] is False
+    assert "filter_duplicates" not in search_settings(plain, 8)  # unset: the preset's own value stands
     asked = build_parser().parse_args(["eval", "--dataset", "gsm8k", "--filter-duplicates"])
     assert search_config(asked, "beam", seed=0).filter_duplicates
     assert not search_config(build_parser().parse_args(["eval", "--dataset", "gsm8k"]), "beam", seed=0).filter_duplicates
+
+
+def test_search_flags_left_unset_keep_the_presets_own_values():
+    """solve, bench, eval and trace override a preset only with the flags a user gave: best-of-n keeps its one
+    round, and a preset's fields set in brackets stand."""
+    from specscale.search.presets import preset_config
+    from specscale_lab.bench.arguments import given_search_flags
+    from specscale_lab.evaluation.command import search_config
+
+    solve = build_parser().parse_args(["solve", "--preset", "best-of-n"])
+    assert given_search_flags(solve) == {} and preset_config(solve.preset, **given_search_flags(solve)).max_rounds == 1
+    asked = build_parser().parse_args(["solve", "--beam-size", "4", "--max-rounds", "3"])
+    assert given_search_flags(asked) == {"beam_size": 4, "max_rounds": 3}
+    evaluation = build_parser().parse_args(["eval", "--dataset", "gsm8k", "--preset", "best-of-n"])
+    assert search_config(evaluation, "best-of-n", seed=0).max_rounds == 1
+    trace = build_parser().parse_args(["trace", "--out", "x.jsonl"])
+    assert given_search_flags(trace) == {}
+
+
+def test_every_command_takes_a_preset_with_fields_and_refuses_a_bad_one_in_one_line(capsys):
+    import pytest
+
+    assert build_parser().parse_args(["solve", "--preset", "specscale[lv_max_deferrals=3]"]).preset \
+        == "specscale[lv_max_deferrals=3]"
+    assert build_parser().parse_args(["serve", "--default-preset", "beam[filter_duplicates=true]"]).default_preset \
+        == "beam[filter_duplicates=true]"
+    for argv, fragment in ((["solve", "--preset", "greedy"], "unknown preset"),
+                           (["serve", "--default-preset", "specscale[speed=11]"], "no field")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        assert fragment in capsys.readouterr().err
 
 
 # ---- variants written as preset[field=value,...] ------------------------------------------------------------

@@ -209,6 +209,34 @@ def test_a_request_picks_its_lazy_verification_policy(builder):
         chat(search={"lv_policy": "sometimes"})
 
 
+def test_a_request_preset_may_change_fields_in_brackets_and_a_bad_one_is_a_400_naming_it(builder):
+    """search.preset takes `preset[field=value,...]` through the one parser the CLI uses (search/presets.py)."""
+    config = builder.chat(chat(search={"preset": "specscale[lv_max_deferrals=3]", "beam_size": 8}), "id").request.config
+    assert config.lv_max_deferrals == 3 and config.beam_size == 8 and config.verification == "lazy"
+    for preset, fragment in (("greedy", "unknown preset"), ("specscale[speed=11]", "no field"),
+                             ("specscale[lv_max_deferrals", "expected"), ("beam[beam_size=6]", "multiple")):
+        with pytest.raises(APIError) as error:
+            builder.chat(chat(search={"preset": preset}), "id")
+        assert (error.value.status, error.value.param, error.value.code) == (400, "search.preset", "unknown_preset")
+        assert fragment in error.value.message
+
+
+def test_search_config_checks_the_values_and_the_server_only_its_own_limits(builder):
+    """SearchConfig is the one owner of a value's validity: its error is a 400 naming the request's field; the
+    server checks its beam-size cap and n within the beam."""
+    cases = (({"search": {"beam_size": 6, "beam_width": 4}}, "search.beam_size", "multiple"),
+             ({"search": {"beam_size": 0}}, "search.beam_size", ">= 1"),
+             ({"search": {"max_rounds": 1001}}, "search.max_rounds", "[1, 1000]"),
+             ({"search": {"beam_size": 32}}, "search.beam_size", "limit"),
+             ({"n": 9, "search": {"beam_size": 8}}, "n", "beam_size"))
+    for fields, param, fragment in cases:
+        with pytest.raises(APIError) as error:
+            builder.chat(chat(**fields), "id")
+        assert error.value.status == 400 and error.value.param == param and fragment in error.value.message
+    best_of_n = builder.chat(chat(search={"preset": "best-of-n"}), "id").request.config
+    assert best_of_n.max_rounds == 1  # a field the request leaves unset keeps the preset's value
+
+
 def test_builder_puts_the_system_prompt_first_and_asks_the_last_user_message(builder):
     prepared = builder.chat(chat(messages=[{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"},
                                            {"role": "user", "content": [{"type": "text", "text": "second?"}]}]), "id")

@@ -104,7 +104,7 @@ def test_a_2048_token_prm_prefill_is_compute_bound_at_the_curves_rate():
 
 def prm_knee(hardware: HardwareProfile) -> int:
     sim = Simulation(SimulationConfig(), cost_model=RooflineCostModel(hardware))
-    threshold = sim.lv_threshold_tokens
+    threshold = sim.device.lv_threshold_tokens
     sim.close()
     return threshold
 

@@ -1,7 +1,7 @@
 """The simulator end to end: the real SearchRuntime, Search, verification queue, scheduler and block manager
 serve `beam` and `specscale` requests on simulated models and a virtual clock; every KV block comes back,
 a small KV pool preempts and still finishes (same seed, same run: tests/test_sim_trace.py), and
-`bench/common.py`'s runtime builder and batch loop run on a `Simulation` as on a `Pipeline`."""
+`bench/runs.py`'s runtime builder and batch loop run on a `Simulation` as on a `Pipeline`."""
 
 import time
 
@@ -11,7 +11,7 @@ from specscale.engine.engine import Engine
 from specscale.search.presets import preset_config
 from specscale.sim.runner import SimulatedRunner
 from specscale.sim.simulation import Simulation, SimulationConfig
-from specscale_lab.bench.common import fresh_runtime, run_batch
+from specscale_lab.bench.runs import fresh_runtime, run_batch
 
 
 def serve(config: SimulationConfig, variant: str, problems: int = 6, beam_size: int = 4):

@@ -182,7 +182,7 @@ def test_perfect_share_is_a_workload_option_of_specscale_simulate():
     """`--perfect-share 0.6` sets the simulated PRM's share of exact 1.0 scores among sound steps (the erred
     steps' share keeps its ratio to it) and says so in the workload's sources; without it the preset's 0.30."""
     from specscale.cli import build_parser
-    from specscale_lab.bench.common import open_simulation
+    from specscale_lab.bench.runs import open_simulation
     from specscale_lab.calibration.workload_choice import choose_workload
 
     base = choose_workload("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b")

@@ -163,11 +163,11 @@ def test_the_workload_choice_names_its_stand_ins(tmp_path):
 
 def test_open_loop_waits_reach_each_arrival_late_on_the_virtual_clock():
     from specscale.sim.simulation import Simulation, SimulationConfig
-    from specscale_lab.bench.common import search_requests
     from specscale_lab.bench.latency import serve_open_loop
-    from specscale_lab.bench.stack import SimulatedStack
+    from specscale_lab.bench.runs import search_requests
+    from specscale_lab.bench.testbed import SimulatedTestbed
 
-    stack = SimulatedStack(Simulation(SimulationConfig()))
+    stack = SimulatedTestbed(Simulation(SimulationConfig()))
     stack.clock.advance(116.13370459400056)  # where an earlier run left it: (start + gap) - start < gap here
     problems = stack.problems(2)
     requests = search_requests(stack, problems, "beam", 0, beam_size=4, beam_width=4, max_rounds=2)

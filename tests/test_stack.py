@@ -1,10 +1,10 @@
 """One composition root: the real stack (the bundled toy checkpoints) and the simulated one resolve the
-LV threshold and the speculative row budget through the same functions (stack.py), and the lab's benchmark
-stacks (`specscale_lab/bench/stack.py`) are built on them, so a benchmark's options reach the same resolvers."""
+LV threshold and the speculative row budget through the one resolver (device_resolver.py), and the lab's
+benchmark stacks are built on them, so a benchmark's options reach the same resolver."""
 
-import specscale.pipeline as pipeline_module
-import specscale.sim.simulation as simulation_module
+from specscale import device_resolver
 from specscale.cli import build_parser
+from specscale.composition import build_stack
 from specscale.costmodel import row_budget
 from specscale.defaults import TOY_GENERATOR, TOY_PRM
 from specscale.pipeline import Pipeline, PipelineConfig
@@ -12,12 +12,12 @@ from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.sim.workload import TOY
 from specscale.stack import Stack
 from specscale.verify import profile
-from specscale_lab.bench.common import open_stack
-from specscale_lab.bench.stack import BenchStack, RealStack, SimulatedStack
+from specscale_lab.bench.runs import open_testbed
+from specscale_lab.bench.testbed import RealTestbed, SimulatedTestbed, Testbed
 
 
 def _resolvers_recording(monkeypatch, calls: list, rows: int, threshold: int) -> None:
-    """Both stacks' resolvers replaced by ones that record their arguments and answer rows / threshold."""
+    """The shared resolver's two rules replaced by ones that record their arguments and answer rows / threshold."""
 
     def resolve_rows(override, cost_model, generator, max_rows, measured=None):
         calls.append(("rows", override))
@@ -27,26 +27,25 @@ def _resolvers_recording(monkeypatch, calls: list, rows: int, threshold: int) ->
         calls.append(("lv", override))
         return threshold
 
-    for module in (pipeline_module, simulation_module):
-        monkeypatch.setattr(module, "resolve_row_budget", resolve_rows)
-        monkeypatch.setattr(module, "resolve_lv_threshold", resolve_threshold)
+    monkeypatch.setattr(device_resolver, "resolve_row_budget", resolve_rows)
+    monkeypatch.setattr(device_resolver, "resolve_lv_threshold", resolve_threshold)
 
 
 def test_both_stacks_take_each_device_property_from_the_one_resolver(monkeypatch):
-    assert pipeline_module.resolve_row_budget is simulation_module.resolve_row_budget is row_budget.resolve_row_budget
-    assert pipeline_module.resolve_lv_threshold is simulation_module.resolve_lv_threshold \
-        is profile.resolve_lv_threshold
+    assert device_resolver.resolve_row_budget is row_budget.resolve_row_budget
+    assert device_resolver.resolve_lv_threshold is profile.resolve_lv_threshold
     calls: list = []
     _resolvers_recording(monkeypatch, calls, rows=5, threshold=333)
-    pipeline = Pipeline(PipelineConfig(generator_kv_gb=0.1, prm_kv_gb=0.1))
-    simulation = Simulation(SimulationConfig(hardware="cpu", generator=str(TOY_GENERATOR), prm=str(TOY_PRM),
-                                             workload=TOY))
+    pipeline = build_stack(PipelineConfig(generator_kv_gb=0.1, prm_kv_gb=0.1))
+    simulation = build_stack(SimulationConfig(hardware="cpu", generator=str(TOY_GENERATOR), prm=str(TOY_PRM),
+                                              workload=TOY))
     try:
+        assert isinstance(pipeline, Pipeline) and isinstance(simulation, Simulation)
         assert calls == [("rows", None), ("lv", None), ("rows", None), ("lv", None)]
         for stack in (pipeline, simulation):
-            assert stack.engine.scheduler.spare_rows == stack.spare_rows == 5
-            assert stack.lv_threshold_tokens == 333
-            assert stack.runtime().lv_threshold_tokens == 333
+            assert stack.engine.scheduler.spare_rows == stack.device.spare_rows == 5
+            assert stack.device.lv_threshold_tokens == 333
+            assert stack.runtime().device == stack.device
     finally:
         pipeline.close()
         simulation.close()
@@ -76,7 +75,7 @@ def test_a_prm_never_profiled_here_takes_its_knee_on_the_device_cost_model(monke
     simulated = Simulation(SimulationConfig(hardware="cpu", generator=str(TOY_GENERATOR), prm=str(TOY_PRM),
                                             workload=TOY))
     try:
-        assert simulated.lv_threshold_tokens == expected
+        assert simulated.device.lv_threshold_tokens == expected
     finally:
         simulated.close()
     assert device_properties(PipelineConfig(lv_threshold_tokens=640)).lv_threshold_tokens == 640
@@ -110,23 +109,24 @@ def test_the_row_budget_resolver_is_unbounded_without_a_cost_model():
     assert row_budget.resolve_row_budget(None, None, None, 512) is None
 
 
-def test_the_benchmark_stacks_are_built_on_the_stack_and_pass_their_options_to_the_one_resolver(monkeypatch):
-    """`--backend real` and `--backend sim` open a `Stack` whose device properties come from the resolvers
-    above, with the options `--spare-rows` / `--lv-threshold` as their overrides: no second default."""
+def test_the_benchmark_testbeds_are_built_on_a_stack_and_pass_their_options_to_the_one_resolver(monkeypatch):
+    """`--backend real` and `--backend sim` open a testbed on a `Stack` whose device properties come from the
+    resolver above, with the options `--spare-rows` / `--lv-threshold` as its overrides: no second default."""
     calls: list = []
     _resolvers_recording(monkeypatch, calls, rows=6, threshold=444)
     options = ["--out", "x", "--max-concurrency", "4", "--spare-rows", "3", "--lv-threshold", "99", "--kv-gb", "0.1", "--prm-kv-gb", "0.1"]
-    real = open_stack(build_parser().parse_args(["bench", "throughput", *options, "--backend", "real"]))
-    simulated = open_stack(build_parser().parse_args(["simulate", "throughput", *options, "--hardware", "cpu",
-                                                      "--generator", str(TOY_GENERATOR), "--prm", str(TOY_PRM)]))
+    real = open_testbed(build_parser().parse_args(["bench", "throughput", *options, "--backend", "real"]))
+    simulated = open_testbed(build_parser().parse_args(["simulate", "throughput", *options, "--hardware", "cpu",
+                                                        "--generator", str(TOY_GENERATOR), "--prm", str(TOY_PRM)]))
     try:
         assert calls == [("rows", 3), ("lv", 99), ("rows", 3), ("lv", 99)]
-        assert isinstance(real, RealStack) and isinstance(simulated, SimulatedStack)
+        assert isinstance(real, RealTestbed) and isinstance(simulated, SimulatedTestbed)
         for bench in (real, simulated):
-            assert isinstance(bench, BenchStack) and isinstance(bench.stack, Stack)
+            assert isinstance(bench, Testbed) and isinstance(bench.stack, Stack)
             assert bench.engine is bench.stack.engine and bench.verifier is bench.stack.verifier
-            assert bench.lv_threshold_tokens == bench.runtime().lv_threshold_tokens == 444
-            assert bench.spare_rows == bench.engine.scheduler.spare_rows == 6
+            assert bench.device == bench.stack.device == bench.runtime().device
+            assert bench.device.lv_threshold_tokens == 444
+            assert bench.device.spare_rows == bench.engine.scheduler.spare_rows == 6
             assert bench.describe()["lv_threshold_tokens"] == 444 and bench.describe()["spare_rows"] == 6
     finally:
         real.close()

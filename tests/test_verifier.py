@@ -13,6 +13,7 @@ from checkpoints import build_llama_prm_checkpoint, build_qwen_prm_checkpoint
 from scripted_generator import EOS, NEWLINE, ScriptedGenerator, seeded_step
 from specscale.config import EngineConfig
 from specscale.prompts import PRM_STEP_TAG, PRM_SYSTEM_PROMPT
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.seam import ScoreRequest
 from specscale.search.presets import preset_config
@@ -404,7 +405,8 @@ def test_best_of_n_scores_every_step_of_a_whole_solution(family, request):
     best-of-N's whole text (and beam search's final round) as one step."""
     verifier = make_verifier(prm_dir(request, family))
     clock = VirtualClock()
-    runtime = SearchRuntime(ScriptedGenerator(clock, three_step_solution), verifier, clock=clock)
+    runtime = SearchRuntime(ScriptedGenerator(clock, three_step_solution), verifier, DeviceProperties(2048, None),
+                            clock=clock)
     config = preset_config("best-of-n", beam_size=2, beam_width=2, seed=5)
     result = runtime.run([SearchRequest(QUESTION, [1, 2, 3], config)])[0]
     assert result.paths

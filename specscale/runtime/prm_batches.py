@@ -1,9 +1,10 @@
 """PrmBatches: the search runtime's verifier side (docs/architecture.md, steps 7 to 9).
 
 A `Verify` action becomes a queued step of `runtime/verify_queue.py` with its verification policy's batching
-and, for lazy verification, its request's flush policy at the verifier's token threshold
-(`runtime/lazy_flush.py`); an adaptive policy reads the generator's state through `signals`; a PRM batch the
-queue releases is scored in one verifier call, its time counted for the run and for each request in it.
+and, for lazy verification, its request's flush policy (`runtime/lazy_flush.py`), built once per request at
+the verifier's token threshold when it is submitted (`flush_policy_of`); an adaptive policy reads the
+generator's state through `signals`; a PRM batch the queue releases is scored in one verifier call, its time
+counted for the run and for each request in it.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
+from specscale.config import SearchConfig
 from specscale.runtime.backend import VerifierBackend
-from specscale.runtime.lazy_flush import FlushSignals, flush_policy
+from specscale.runtime.lazy_flush import FlushSignals, LazyFlushPolicy, flush_policy
 from specscale.runtime.metrics import RunMetrics
 from specscale.runtime.request_state import RequestState
 from specscale.runtime.sequences import Sequences
@@ -31,14 +33,17 @@ class PrmBatches:
         self.clock = clock
         self.lv_threshold_tokens = lv_threshold_tokens
 
+    def flush_policy_of(self, config: SearchConfig) -> LazyFlushPolicy | None:
+        """A request's lazy-verification trigger at the verifier's threshold; None unless its verification is lazy."""
+        lazy = VERIFICATION.chosen(config).batching is LAZY
+        return flush_policy(config, self.lv_threshold_tokens) if lazy else None
+
     def enqueue(self, state: RequestState, action: Verify) -> None:
         request = ScoreRequest(state.request.question, action.steps)
-        config = state.config
-        verification = VERIFICATION.chosen(config)
-        policy = flush_policy(config, self.lv_threshold_tokens) if verification.batching is LAZY else None
+        verification = VERIFICATION.chosen(state.config)
         self.queue.push(QueuedStep(
             state, action.candidate, request, action.completes_group, BATCHINGS[verification.batching],
-            self.verifier.tokens_to_compute(request), self.clock(), policy,
+            self.verifier.tokens_to_compute(request), self.clock(), state.flush_policy,
         ))
 
     def signals(self, metrics: RunMetrics) -> FlushSignals:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specscale.config import SearchConfig
+from specscale.runtime.lazy_flush import LazyFlushPolicy
 from specscale.seam import KVUsage, SequenceId
 from specscale.search.protocol import Expand
 from specscale.search.result import SearchResult, Timings, Usage
@@ -39,11 +40,15 @@ class Physical:
 
 @dataclass(eq=False)
 class RequestState:
+    """flush_policy: the request's lazy-verification trigger, built once at submit at the runtime's threshold
+    (`PrmBatches.flush_policy_of`); None when its verification is not lazy."""
+
     request_id: str
     request: SearchRequest
     search: Search
     submitted_at: float
     admitted_at: float = 0.0
+    flush_policy: LazyFlushPolicy | None = None
     prefix_seq: SequenceId | None = None  # the prompt, prefilled once and forked for round 0
     deferred: list[Expand] = field(default_factory=list)  # round-0 expansions waiting for the prefix
     expansion_seqs: dict[int, set[SequenceId]] = field(default_factory=dict)

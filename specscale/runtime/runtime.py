@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from specscale.runtime.admission import Admission
 from specscale.runtime.backend import GeneratorBackend, VerifierBackend
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.expansions import Expansions
 from specscale.runtime.generation import Generation
 from specscale.runtime.hand_off import HandOff
@@ -54,7 +55,6 @@ from specscale.search.protocol import (
 )
 from specscale.search.result import AnswerReader, SearchResult
 from specscale.search.search import Search
-from specscale.verify.profile import DEFAULT_LV_THRESHOLD
 
 # SearchRequest and RuntimeStats live in runtime/request_state.py; their importers take them from here too.
 __all__ = ["RuntimeStats", "SearchRequest", "SearchRuntime"]
@@ -65,24 +65,24 @@ class SearchRuntime:
     that runs for days hands results out through on_finished instead). on_finished(request_id,
     SearchResult) runs as a request leaves (cancelled ones too, unless cancelled with notify=False);
     on_round(request_id, Decision) after each decided round. read_answers(SearchResult) fills in a
-    finished result's answers and votes (`specscale/answers.py`; the composition roots give it, so that
-    `search/` never imports `grading/`); without it results carry paths only."""
+    finished result's answers and votes (`specscale/answers.py`; the composition root gives it, so that
+    `search/` never imports `grading/`); without it results carry paths only. device: the stack's resolved
+    device properties (`runtime/device_properties.py`; the runtime reads the LV threshold from it)."""
 
-    def __init__(self, generator: GeneratorBackend, verifier: VerifierBackend, clock=_time.perf_counter,
-                 max_concurrency: int = 32, lv_threshold_tokens: int = DEFAULT_LV_THRESHOLD,
-                 on_finished: Callable | None = None, on_round: Callable | None = None, keep_finished: bool = True,
-                 read_answers: AnswerReader | None = None):
+    def __init__(self, generator: GeneratorBackend, verifier: VerifierBackend, device: DeviceProperties,
+                 clock=_time.perf_counter, max_concurrency: int = 32, on_finished: Callable | None = None,
+                 on_round: Callable | None = None, keep_finished: bool = True, read_answers: AnswerReader | None = None):
         self.admission = Admission(max_concurrency)
         self.generator = generator
         self.verifier = verifier
         self.clock = clock
-        self.lv_threshold_tokens = lv_threshold_tokens
+        self.device = device
         self.queue = VerifyQueue()
         self.metrics = RunMetrics()
         self.sequences = Sequences(generator, clock)
         self.expansions = Expansions(self.sequences, clock)
         self.generation = Generation(generator, self.sequences, self.expansions, clock)
-        self.prm_batches = PrmBatches(verifier, self.queue, self.sequences, clock, lv_threshold_tokens)
+        self.prm_batches = PrmBatches(verifier, self.queue, self.sequences, clock, device.lv_threshold_tokens)
         self.hand_off = HandOff(clock, keep_finished, on_finished, on_round, read_answers)
 
     @property
@@ -102,7 +102,9 @@ class SearchRuntime:
         if not request.prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         request_id = self.admission.request_id(request, self.hand_off.finished)
-        self.admission.wait(RequestState(request_id, request, Search(request.config), self.clock()))
+        flush = self.prm_batches.flush_policy_of(request.config)
+        self.admission.wait(RequestState(request_id, request, Search(request.config), self.clock(),
+                                             flush_policy=flush))
         return request_id
 
     def cancel(self, request_id: str, notify: bool = True) -> bool:

@@ -25,7 +25,7 @@ from specscale.scaleout.remote_verifier import RemoteVerifier
 from specscale.server.app import SearchRoutes, health_report, metrics_text, model_card
 from specscale.server.errors import APIError
 from specscale.server.responses import CompletionFormat
-from specscale.server.search_stack import SearchStack
+from specscale.server.serving_process import ServingProcess
 from specscale.server.session import SearchSession
 
 
@@ -50,9 +50,9 @@ class SearchReplica:
 
         torch.set_num_threads(config.torch_threads)
         self.replica_id = serve.get_replica_context().replica_tag
-        self.stack = SearchStack.build(config.pipeline, config.settings, self._remote_verifier(config, verifiers))
-        self.routes = SearchRoutes(self.stack.engine_loop, self.stack.builder, self.stack.metrics, config.settings)
-        self.stack.engine_loop.start()
+        self.process = ServingProcess.build(config.pipeline, config.settings, self._remote_verifier(config, verifiers))
+        self.routes = SearchRoutes(self.process.engine_loop, self.process.builder, self.process.metrics, config.settings)
+        self.process.engine_loop.start()
         self.started_at = time.time()
 
     def _remote_verifier(self, config: ScaleOutConfig, verifiers):
@@ -63,14 +63,14 @@ class SearchReplica:
     async def search(self, body: BaseModel, chat: bool, request_id: str) -> AsyncIterator:
         """Rejected | Answered, or StreamOpened then the SSE chunks (streaming handle call)."""
         started = time.monotonic()
-        prepare = self.stack.builder.chat if chat else self.stack.builder.completion
+        prepare = self.process.builder.chat if chat else self.process.builder.completion
         output = CompletionFormat(chat=chat)
         try:
             prepared, handle = await self.routes.submit(body, prepare, request_id)
         except APIError as error:
             yield Rejected.of(error)
             return
-        session = SearchSession(self.stack.engine_loop, handle, _no_disconnect_message, prepared.timeout_s)
+        session = SearchSession(self.process.engine_loop, handle, _no_disconnect_message, prepared.timeout_s)
         try:
             if prepared.stream:
                 yield StreamOpened(self.replica_id)
@@ -91,26 +91,26 @@ class SearchReplica:
     def status(self) -> ReplicaStatus:
         import ray
 
-        metrics = metrics_text(self.stack.engine_loop, self.stack.metrics)
-        if isinstance(self.stack.pipeline.verifier, RemoteVerifier):
-            metrics += self.stack.pipeline.verifier.render_metrics()
+        metrics = metrics_text(self.process.engine_loop, self.process.metrics)
+        if isinstance(self.process.stack.verifier, RemoteVerifier):
+            metrics += self.process.stack.verifier.render_metrics()
         return ReplicaStatus(self.replica_id, os.getpid(), ray.get_runtime_context().get_node_id(),
-                             self.started_at, health_report(self.stack.engine_loop), metrics)
+                             self.started_at, health_report(self.process.engine_loop), metrics)
 
     def model_card(self, created: int) -> dict:
-        return model_card(self.stack.settings, self.stack.builder.context_tokens, created)
+        return model_card(self.process.settings, self.process.builder.context_tokens, created)
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread failed is replaced."""
-        failure = self.stack.engine_loop.failure
+        failure = self.process.engine_loop.failure
         if failure is not None:
             raise RuntimeError(f"the engine thread failed: {failure}")
 
     def __del__(self) -> None:
-        stack = getattr(self, "stack", None)
-        if stack is not None:
-            stack.engine_loop.stop()
-            stack.pipeline.close()
+        process = getattr(self, "process", None)
+        if process is not None:
+            process.engine_loop.stop()
+            process.stack.close()
 
 
 async def _no_disconnect_message() -> dict:

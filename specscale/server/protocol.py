@@ -19,24 +19,44 @@ from specscale.config import AGGREGATIONS, LV_POLICIES
 MAX_SEED = 2**63 - 1
 ANSWER_SELECTIONS = ("best", "weighted_vote", "majority_vote")
 
+# The typed HTTP surface of `SearchConfig`: the fields a request may set, each by a field of the same name —
+# of the `search` object, or top-level (sampling) — plus the per-step token cap (max_tokens /
+# max_completion_tokens). SearchConfig validates every value; `search.preset` may set any other field
+# (`preset[field=value,...]`).
+SEARCH_CONFIG_FIELDS = ("beam_size", "beam_width", "max_rounds", "aggregation", "speculation_depth", "lv_policy",
+                        "filter_duplicates")
+SAMPLING_CONFIG_FIELDS = ("temperature", "top_p", "seed")
+STEP_TOKENS_PARAM = "max_tokens"  # sets SearchConfig.max_step_tokens
+
 
 class SearchOptions(BaseModel):
-    """The `search` extension object. None keeps the preset's (or the server's) value.
+    """The `search` extension object. None keeps the preset's (or the server's) value. preset: a preset or
+    `preset[field=value,...]` (search/presets.py). The SEARCH_CONFIG_FIELDS are SearchConfig's, checked there.
 
     timeout_s: this request's time budget (capped by the server's --request-timeout)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     preset: str | None = None
-    beam_size: int | None = Field(None, ge=1)
-    beam_width: int | None = Field(None, ge=1)
-    max_rounds: int | None = Field(None, ge=1, le=1000)
+    beam_size: int | None = None
+    beam_width: int | None = None
+    max_rounds: int | None = None
     aggregation: Literal[AGGREGATIONS] | None = None  # type: ignore[valid-type]
     answer_selection: Literal[ANSWER_SELECTIONS] = "best"  # type: ignore[valid-type]
-    speculation_depth: int | None = Field(None, ge=1, le=8)
+    speculation_depth: int | None = Field(None, le=8)  # the server's own cap
     lv_policy: Literal[LV_POLICIES] | None = None  # type: ignore[valid-type]
     filter_duplicates: bool | None = None
     timeout_s: float | None = Field(None, gt=0)
+
+
+def param_of(config_field: str) -> str:
+    """The request field that sets a SearchConfig field: `search.<name>`, a sampling field, the step cap, or
+    `search.preset` (whose brackets set the rest)."""
+    if config_field in SEARCH_CONFIG_FIELDS:
+        return f"search.{config_field}"
+    if config_field in SAMPLING_CONFIG_FIELDS:
+        return config_field
+    return STEP_TOKENS_PARAM if config_field == "max_step_tokens" else "search.preset"
 
 
 class StreamOptions(BaseModel):
@@ -89,6 +109,13 @@ class SamplingFields(BaseModel):
 
     def per_step_tokens(self) -> int | None:
         return self.max_tokens
+
+    def config_overrides(self) -> dict:
+        """The SearchConfig fields this request sets (SEARCH_CONFIG_FIELDS, SAMPLING_CONFIG_FIELDS, the step cap)."""
+        values = {name: getattr(self.search, name) for name in SEARCH_CONFIG_FIELDS}
+        values |= {name: getattr(self, name) for name in SAMPLING_CONFIG_FIELDS}
+        values["max_step_tokens"] = self.per_step_tokens()
+        return {name: value for name, value in values.items() if value is not None}
 
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage

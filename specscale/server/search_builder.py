@@ -5,8 +5,10 @@ The generator prompt is the chat template applied to the messages (the server's 
 first when the request has none, as search-and-learn does), special-token text in the messages read
 as plain text unless the server trusts its callers (chat_text.py); the PRM scores (question, steps) where the
 question is the last user message. Sampling fields map onto the search: temperature, top_p, seed, and
-max_tokens as the per-step token cap. Preset, beam size / width, rounds and aggregation come from the
-`search` object; the server's limits (beam size, context, time budget) are checked here.
+max_tokens as the per-step token cap. The preset (`preset[field=value,...]` too), beam size / width, rounds
+and aggregation come from the `search` object (`server/protocol.py` declares which SearchConfig fields a
+request sets). SearchConfig checks every value, its error becoming a 400 naming the request's field; the
+server's own limits (beam size cap, n within the beam, context, time budget) are checked here.
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ from specscale.chat_text import render_chat_text
 from specscale.config import SearchConfig
 from specscale.prompts import chat_messages
 from specscale.runtime.runtime import SearchRequest
-from specscale.search.presets import PRESETS, preset_config
+from specscale.search.presets import preset_config
 from specscale.server.errors import APIError
-from specscale.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from specscale.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+    param_of,
+)
 from specscale.server.settings import ServerSettings
 from specscale.stack import Stack
 
@@ -93,36 +101,34 @@ class SearchBuilder:
             raise APIError(400, f"{field}: {why}", field, "unsupported_parameter")
 
     def _search_config(self, body: SamplingFields) -> tuple[str, SearchConfig]:
-        options = body.search
-        preset = options.preset or self.settings.default_preset
-        if preset not in PRESETS:
-            raise APIError(400, f"search.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}",
-                           "search.preset", "unknown_preset")
-        overrides = {
-            "beam_size": options.beam_size, "beam_width": options.beam_width, "max_rounds": options.max_rounds,
-            "aggregation": options.aggregation, "speculation_depth": options.speculation_depth,
-            "lv_policy": options.lv_policy,
-            "filter_duplicates": options.filter_duplicates,
-            "temperature": body.temperature,
-            "top_p": body.top_p, "seed": body.seed, "max_step_tokens": body.per_step_tokens(),
-        }
-        overrides = {name: value for name, value in overrides.items() if value is not None}
-        base = SearchConfig(**PRESETS[preset])
-        beam_size = overrides.get("beam_size", base.beam_size)
-        beam_width = overrides.get("beam_width", base.beam_width)
-        if beam_size > self.settings.max_beam_size:
-            raise APIError(400, f"search.beam_size: {beam_size} is above this server's limit of "
-                           f"{self.settings.max_beam_size}", "search.beam_size", "beam_size_too_large")
-        if beam_size % beam_width:
-            raise APIError(400, f"search.beam_size: {beam_size} is not a multiple of search.beam_width "
-                           f"({beam_width})", "search.beam_size")
-        if body.n > beam_size:
-            raise APIError(400, f"n: {body.n} paths asked for, but the search keeps only beam_size = {beam_size}",
-                           "n")
+        """The request's SearchConfig: its preset (or the server's default) with the fields it sets, every value
+        checked by SearchConfig; then the server's own limits."""
+        preset = body.search.preset or self.settings.default_preset
+        self._check_preset(preset)
+        overrides = body.config_overrides()
         try:
-            return preset, preset_config(preset, **overrides)
-        except ValueError as error:  # SearchConfig's own checks name the field
-            raise APIError(400, f"search: {error}", "search") from error
+            config = preset_config(preset, **overrides)
+        except ValueError as error:  # SearchConfig's message starts with the field at fault
+            param = param_of(_field_named_by(error))
+            raise APIError(400, f"{param}: {error}", param) from error
+        self._check_limits(config, body.n)
+        return preset, config
+
+    @staticmethod
+    def _check_preset(preset: str) -> None:
+        """A preset or `preset[field=value,...]` the one parser (search/presets.py) accepts, or a 400."""
+        try:
+            preset_config(preset)
+        except ValueError as error:
+            raise APIError(400, f"search.preset: {error}", "search.preset", "unknown_preset") from error
+
+    def _check_limits(self, config: SearchConfig, n: int) -> None:
+        if config.beam_size > self.settings.max_beam_size:
+            raise APIError(400, f"search.beam_size: {config.beam_size} is above this server's limit of "
+                           f"{self.settings.max_beam_size}", "search.beam_size", "beam_size_too_large")
+        if n > config.beam_size:
+            raise APIError(400, f"n: {n} paths asked for, but the search keeps only beam_size = {config.beam_size}",
+                           "n")
 
     # ---- prompts ----------------------------------------------------------------------------------
     def _chat_prompt(self, messages: list[ChatMessage]) -> tuple[str, list[int]]:
@@ -167,3 +173,8 @@ class SearchBuilder:
             SearchRequest(question, prompt_ids, config, request_id), preset, body.n, body.search.answer_selection,
             timeout_s, body.stream, body.include_usage(), self.settings.served_model_name,
         )
+
+
+def _field_named_by(error: ValueError) -> str:
+    """The SearchConfig field a validation message names first ("beam_size (6) must be a multiple ...")."""
+    return str(error).split(" ", 1)[0]

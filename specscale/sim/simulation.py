@@ -5,7 +5,9 @@
 real ones; only the two models' forward passes (`SimulatedRunner` + the workload's `SyntheticGenerator` /
 `SyntheticPRM`) and the clock are simulated. Both runners advance the same clock: the device is time-shared.
 KV pools are sized from the memory the hardware has left after both models' weights (`cost.kv_capacity`).
-A `Simulation` is a `stack.py` `Stack`: its device properties come from the resolvers `Pipeline` uses.
+A `Simulation` is a `stack.py` `Stack`, described by `SimulationConfig` (`composition.py` `build_stack`): its
+device properties come from the resolver `Pipeline` calls too (`device_resolver.py`), with the simulated
+PRM's knee on the cost model as what `specscale profile-prm` would measure.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from specscale.config import EngineConfig, SearchConfig
 from specscale.costmodel.cost import CostModel, RooflineCostModel, kv_capacity
 from specscale.costmodel.hardware import HardwareProfile
 from specscale.costmodel.model_profile import ModelProfile
-from specscale.costmodel.prm_knee import cost_model_knee
-from specscale.costmodel.row_budget import resolve_row_budget
+from specscale.device_resolver import resolve_device_properties
 from specscale.engine.engine import Engine
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.runtime import SearchRequest
 from specscale.sim.clock import VirtualClock
 from specscale.sim.problems import Problem, make_problems
@@ -27,10 +29,9 @@ from specscale.sim.synthetic_generator import SyntheticGenerator
 from specscale.sim.synthetic_prm import FORMAT_TEMPLATES, SyntheticPRM
 from specscale.sim.tokenizer import SyntheticTokenizer
 from specscale.sim.workload import WorkloadParams, preset
-from specscale.stack import DeviceProperties, Stack
+from specscale.stack import Stack
 from specscale.verify.formats import format_name_for
-from specscale.verify.prm import Verifier, VerifierConfig
-from specscale.verify.profile import resolve_lv_threshold
+from specscale.verify.prm import PRM_MAX_BATCHED_TOKENS, PRM_MAX_SEQS, Verifier, VerifierConfig
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,8 @@ class SimulationConfig:
     workload None takes `workload.preset(dataset, generator, prm)`. prm_format None follows the PRM's
     architecture. generator_kv_blocks / prm_kv_blocks None size the pools from memory (prm_kv_share of
     the KV memory goes to the PRM). spare_rows None takes the device's speculative row budget
-    (costmodel/row_budget.py); lv_threshold_tokens None the simulated PRM's profiled knee. The engine settings match
-    `Pipeline`'s."""
+    (costmodel/row_budget.py); lv_threshold_tokens None the simulated PRM's knee on the cost model. The engine
+    settings match `Pipeline`'s."""
 
     hardware: str = "a100-80gb"
     generator: str = "qwen2.5-7b-instruct"
@@ -57,6 +58,10 @@ class SimulationConfig:
     lv_threshold_tokens: int | None = None
     max_concurrency: int = 32
     seed: int = 0
+
+    def build(self) -> Simulation:
+        """The stack this describes (`composition.py` `build_stack`)."""
+        return Simulation(self)
 
 
 class Simulation(Stack):
@@ -78,10 +83,10 @@ class Simulation(Stack):
                          config.max_concurrency)
 
     def _device_properties(self) -> DeviceProperties:
-        """Through the resolvers the real stack uses too (stack.py)."""
+        """Through the resolver the real stack calls too (device_resolver.py); nothing is measured here."""
         c = self.config
-        spare_rows = resolve_row_budget(c.spare_rows, self.cost_model, self.generator_profile, c.max_num_seqs)
-        return DeviceProperties(resolve_lv_threshold(c.lv_threshold_tokens, None, self.profiled_lv_threshold()), spare_rows)
+        return resolve_device_properties(self.cost_model, self.generator_profile, lambda: self.prm_profile,
+                                         c.max_num_seqs, c.lv_threshold_tokens, c.spare_rows)
 
     def _kv_blocks(self) -> tuple[int, int]:
         c = self.config
@@ -105,8 +110,8 @@ class Simulation(Stack):
         head = SyntheticPRM(self.workload.prm, tokenizer, self.prm_format, c.seed)
         runner = SimulatedRunner(self.prm_profile, head, self.cost_model, self.clock, "prm", self._kv_blocks()[1],
                                  c.block_size, tokenizer.vocab_size, live_sequences=lambda: engine.num_live_sequences)
-        config = EngineConfig(model=f"sim:{c.prm}", block_size=c.block_size, max_num_batched_tokens=8192,
-                              max_num_seqs=1024, seed=c.seed)
+        config = EngineConfig(model=f"sim:{c.prm}", block_size=c.block_size, max_num_batched_tokens=PRM_MAX_BATCHED_TOKENS,
+                              max_num_seqs=PRM_MAX_SEQS, seed=c.seed)
         engine = Engine(config, runner=runner, tokenizer=tokenizer)
         return Verifier(VerifierConfig(config, format=self.prm_format), engine=engine)
 
@@ -116,7 +121,3 @@ class Simulation(Stack):
 
     def request(self, problem: Problem, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
         return SearchRequest(problem.question, list(problem.prompt_ids), config, request_id)
-
-    def profiled_lv_threshold(self) -> int:
-        """`specscale profile-prm`'s knee, computed on the cost model for the batches it measures."""
-        return cost_model_knee(self.cost_model, self.prm_profile)

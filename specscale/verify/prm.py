@@ -42,6 +42,11 @@ from specscale.model.loader import read_hf_config
 from specscale.seam import KVUsage, ScoreRequest, ScoreResult
 from specscale.verify.formats import PRMFormat, PRMInput, clean_steps, make_format
 
+# the PRM engine's batch limits, wherever one is built (a pipeline's, a PRM replica's, a simulation's, a
+# benchmark's): a lazy batch of many steps runs as one prefill of up to this many tokens and sequences
+PRM_MAX_BATCHED_TOKENS = 8192
+PRM_MAX_SEQS = 1024
+
 
 @dataclass(frozen=True)
 class VerifierConfig:

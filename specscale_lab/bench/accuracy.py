@@ -18,23 +18,10 @@ from statistics import NormalDist
 from typing import Any
 
 from specscale.search.presets import preset_config
-from specscale_lab.bench.common import (
-    LADDER,
-    add_common_arguments,
-    finish_info,
-    fresh_runtime,
-    interleaved,
-    is_right,
-    markdown_table,
-    new_figure,
-    progress_bar,
-    run_batch,
-    search_requests,
-    search_settings,
-    start_run,
-    vote_is_right,
-    write_outputs,
-)
+from specscale_lab.bench.arguments import LADDER, add_common_arguments, search_settings
+from specscale_lab.bench.numbers import is_right, vote_is_right
+from specscale_lab.bench.outputs import finish_info, markdown_table, new_figure, write_outputs
+from specscale_lab.bench.runs import fresh_runtime, interleaved, progress_bar, run_batch, search_requests, start_run
 
 NAME = "accuracy"
 FULL = {"problems": 300, "repeats": 3, "beam_sizes": [8], "max_rounds": 40, "variants": [*LADDER, "fasttts-db", "dvts"]}
@@ -55,11 +42,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    stack, info, started = start_run(NAME, args, FULL, QUICK)
-    problems = stack.problems(args.problems)
+    testbed, info, started = start_run(NAME, args, FULL, QUICK)
+    problems = testbed.problems(args.problems)
     cells = [(v, n) for n in args.beam_sizes for v in [*args.variants, BEST_OF_N]] + [(SINGLE, 1)]
-    runs = measure(stack, args, problems, cells)
-    stack.close()
+    runs = measure(testbed, args, problems, cells)
+    testbed.close()
     results = summarize(runs, cells)
     targets = check_targets(results)
     info = finish_info(info, started)
@@ -74,11 +61,12 @@ def cell_config(variant: str, n: int, args) -> tuple[str, dict]:
     if variant == SINGLE:
         return "best-of-n", {"beam_size": 1, "beam_width": 1}
     if variant == BEST_OF_N:
-        return "best-of-n", {"beam_size": n, "beam_width": args.beam_width}
+        width = {"beam_width": args.beam_width} if args.beam_width is not None else {}
+        return "best-of-n", {"beam_size": n, **width}
     return variant, search_settings(args, n)
 
 
-def measure(stack, args, problems, cells) -> list[dict]:
+def measure(testbed, args, problems, cells) -> list[dict]:
     """Per seed (repeat) every cell over every problem; one record of 0/1 per problem per run."""
     runs = []
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
@@ -86,8 +74,8 @@ def measure(stack, args, problems, cells) -> list[dict]:
             seed = args.seed + repeat
             bar.set_postfix_str(f"seed {seed} {variant} N={n}")
             preset, config = cell_config(variant, n, args)
-            requests = search_requests(stack, problems, preset, seed, tag=f"{variant} N={n} ", **config)
-            batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, bar)
+            requests = search_requests(testbed, problems, preset, seed, tag=f"{variant} N={n} ", **config)
+            batch = run_batch(fresh_runtime(testbed, args.max_concurrency), requests, bar)
             runs.append({
                 "variant": variant, "beam_size": n, "seed": seed,
                 "best": [int(is_right(p, r)) for p, r in zip(problems, batch.results, strict=True)],

@@ -39,7 +39,7 @@ MAX_DEFAULT_WORKERS = 2  # the default: min(this, cells, CPUs); more only when a
 PROGRESS_POLL_S = 0.2  # how often the parent reads the workers' progress
 WORKER_STOP_S = 5.0  # how long a terminated worker may take to exit before it is killed
 
-CellRunner = Callable[..., dict]  # run_cell(stack: BenchStack, args, cell, progress) -> the cell's record
+CellRunner = Callable[..., dict]  # run_cell(stack: Testbed, args, cell, progress) -> the cell's record
 
 
 def add_workers_argument(parser) -> None:
@@ -108,9 +108,9 @@ def _run_in_worker(run_cell: CellRunner, args, cell) -> dict:
 
 def run_on_fresh_stack(run_cell: CellRunner, args, cell, progress) -> dict:
     """One cell on a simulation of its own, closed afterwards."""
-    from specscale_lab.bench.common import open_stack
+    from specscale_lab.bench.runs import open_testbed
 
-    stack = open_stack(args)
+    stack = open_testbed(args)
     try:
         return run_cell(stack, args, cell, progress)
     finally:

@@ -28,25 +28,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specscale_lab.bench.common import (
-    LADDER,
-    add_common_arguments,
-    finish_info,
-    fresh_runtime,
-    interleaved,
-    markdown_table,
-    median_summary,
-    new_figure,
-    percentile,
-    progress_bar,
-    run_batch,
-    search_requests,
-    search_settings,
-    serving_numbers,
-    start_run,
-    write_outputs,
-)
+from specscale_lab.bench.arguments import LADDER, add_common_arguments, search_settings
+from specscale_lab.bench.numbers import median_summary, percentile, serving_numbers
+from specscale_lab.bench.outputs import finish_info, markdown_table, new_figure, write_outputs
 from specscale_lab.bench.profiling import profile_report, profile_run
+from specscale_lab.bench.runs import fresh_runtime, interleaved, progress_bar, run_batch, search_requests, start_run
 from specscale_lab.bench.timed_backends import TimedGenerator, TimedVerifier
 
 NAME = "characterize"
@@ -66,19 +52,19 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    stack, info, started = start_run(NAME, args, FULL, QUICK)
-    problems = stack.problems(args.problems)
-    waiting = waiting_at_batch_size_one(stack, args)
-    runs, searches = measure(stack, args, problems)
-    tokenizer = stack.engine.tokenizer
+    testbed, info, started = start_run(NAME, args, FULL, QUICK)
+    problems = testbed.problems(args.problems)
+    waiting = waiting_at_batch_size_one(testbed, args)
+    runs, searches = measure(testbed, args, problems)
+    tokenizer = testbed.engine.tokenizer
     beam_searches = [s for (variant, _), found in searches.items() if variant == "beam" for s in found]
     extra = {
         "waiting_batch_size_1": waiting,
         "common_prefix": common_prefix(beam_searches, tokenizer),
         "prm_scores": score_histogram(beam_searches),
-        "profile": profile_run(stack, args, problems) if args.profile_variant else None,
+        "profile": profile_run(testbed, args, problems) if args.profile_variant else None,
     }
-    stack.close()
+    testbed.close()
     results = summarize(runs)
     info = finish_info(info, started)
     text = report(results, extra)
@@ -88,24 +74,24 @@ def run(args) -> int:
 
 
 # ---- 1. waiting at batch size 1 ---------------------------------------------------------------------
-def waiting_at_batch_size_one(stack, args) -> dict:
-    problems = stack.problems(args.waiting_problems)
+def waiting_at_batch_size_one(testbed, args) -> dict:
+    problems = testbed.problems(args.waiting_problems)
     n = max(args.beam_sizes)
-    requests = search_requests(stack, problems, "beam", args.seed, tag="batch-1 ",
+    requests = search_requests(testbed, problems, "beam", args.seed, tag="batch-1 ",
                                **search_settings(args, n))
     with progress_bar(len(requests), "waiting at batch size 1") as bar:
-        batch = run_batch(fresh_runtime(stack, 1), requests, bar)
+        batch = run_batch(fresh_runtime(testbed, 1), requests, bar)
     per_request = []
     for problem, request in zip(problems, requests, strict=True):
         rounds = batch.runtime.search(request.request_id).round_waiting
         idle, busy = sum(i for i, _ in rounds), sum(b for _, b in rounds)
-        per_request.append({"events": stack.difficulty(problem), "ratio": idle / (idle + busy) if idle + busy else 0.0})
+        per_request.append({"events": testbed.difficulty(problem), "ratio": idle / (idle + busy) if idle + busy else 0.0})
     by_events = defaultdict(list)
     for entry in per_request:
         by_events[entry["events"]].append(entry["ratio"])
     return {
         "beam_size": n,
-        "difficulty": stack.difficulty_unit,
+        "difficulty": testbed.difficulty_unit,
         "overall": batch.runtime.metrics.summary()["waiting_time_ratio"],
         "median_per_request": statistics.median(e["ratio"] for e in per_request),
         "by_events": {str(k): statistics.median(v) for k, v in sorted(by_events.items())},
@@ -114,17 +100,17 @@ def waiting_at_batch_size_one(stack, args) -> dict:
 
 
 # ---- 2. the ladder under load -------------------------------------------------------------------------
-def measure(stack, args, problems) -> tuple[list[dict], dict]:
+def measure(testbed, args, problems) -> tuple[list[dict], dict]:
     """Every (variant, beam size) per repeat, interleaved; the searches of repeat 0 are kept."""
     cells = [(v, n) for n in args.beam_sizes for v in args.variants]
     runs, searches = [], {}
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (variant, n) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n}")
-            generator, verifier = stack.backends()
-            generator, verifier = TimedGenerator(generator, stack.clock), TimedVerifier(verifier, stack.clock)
-            runtime = fresh_runtime(stack, args.max_concurrency, generator=generator, verifier=verifier)
-            requests = search_requests(stack, problems, variant, args.seed, **search_settings(args, n))
+            generator, verifier = testbed.backends()
+            generator, verifier = TimedGenerator(generator, testbed.clock), TimedVerifier(verifier, testbed.clock)
+            runtime = fresh_runtime(testbed, args.max_concurrency, generator=generator, verifier=verifier)
+            requests = search_requests(testbed, problems, variant, args.seed, **search_settings(args, n))
             batch = run_batch(runtime, requests, bar)
             runs.append({"variant": variant, "beam_size": n, "repeat": repeat,
                          **characterization(batch, problems, generator, verifier)})

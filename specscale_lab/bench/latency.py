@@ -27,25 +27,10 @@ from collections import deque
 import numpy as np
 
 from specscale.runtime.runtime import SearchRuntime
-from specscale_lab.bench.common import (
-    add_common_arguments,
-    finish_info,
-    float_list,
-    flush_text,
-    fresh_runtime,
-    interleaved,
-    markdown_table,
-    median_summary,
-    new_figure,
-    percentile,
-    prm_numbers,
-    progress_bar,
-    run_batch,
-    search_requests,
-    search_settings,
-    start_run,
-    write_outputs,
-)
+from specscale_lab.bench.arguments import add_common_arguments, float_list, search_settings
+from specscale_lab.bench.numbers import median_summary, percentile, prm_numbers
+from specscale_lab.bench.outputs import finish_info, flush_text, markdown_table, new_figure, write_outputs
+from specscale_lab.bench.runs import fresh_runtime, interleaved, progress_bar, run_batch, search_requests, start_run
 
 NAME = "latency"
 BUDGET_KEYS = {"output": "mean_normalized_ms_per_token", "answer": "mean_normalized_ms_per_answer_token"}
@@ -76,12 +61,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    stack, info, started = start_run(NAME, args, FULL, QUICK)
-    problems = stack.problems(args.problems)
-    rates, capacity = sweep_rates(stack, args, problems)
+    testbed, info, started = start_run(NAME, args, FULL, QUICK)
+    problems = testbed.problems(args.problems)
+    rates, capacity = sweep_rates(testbed, args, problems)
     cells = [(variant, n, rate) for rate in rates for n in args.beam_sizes for variant in args.variants]
-    runs = measure(stack, args, problems, cells, rates)
-    stack.close()
+    runs = measure(testbed, args, problems, cells, rates)
+    testbed.close()
     results = summarize(runs, cells)
     budget = budget_ms_per_token(args, results, rates)
     for by_size in results.values():
@@ -97,13 +82,13 @@ def run(args) -> int:
     return 0
 
 
-def sweep_rates(stack, args, problems) -> tuple[list[float], float | None]:
+def sweep_rates(testbed, args, problems) -> tuple[list[float], float | None]:
     """The rates to sweep: given, or fractions of the first variant's closed-loop requests/s."""
     if args.rates:
         return sorted(args.rates), None
-    requests = search_requests(stack, problems, args.variants[0], args.seed, tag="capacity ",
+    requests = search_requests(testbed, problems, args.variants[0], args.seed, tag="capacity ",
                                **search_settings(args, max(args.beam_sizes)))
-    batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests)
+    batch = run_batch(fresh_runtime(testbed, args.max_concurrency), requests)
     capacity = len(problems) / batch.elapsed_s
     return [capacity * f for f in sorted(args.rate_fractions)], capacity
 
@@ -115,26 +100,26 @@ def arrival_times(count: int, rate: float, burstiness: float, seed: list[int]) -
     return [0.0] + np.cumsum(gaps).tolist()
 
 
-def measure(stack, args, problems, cells, rates) -> list[dict]:
+def measure(testbed, args, problems, cells, rates) -> list[dict]:
     runs = []
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (variant, n, rate) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n} {rate:.2f} req/s")
             arrivals = arrival_times(len(problems), rate, args.burstiness, [args.seed, repeat, rates.index(rate)])
-            requests = search_requests(stack, problems, variant, args.seed, **search_settings(args, n))
-            latencies, runtime = serve_open_loop(stack, args.max_concurrency, requests, arrivals, bar)
+            requests = search_requests(testbed, problems, variant, args.seed, **search_settings(args, n))
+            latencies, runtime = serve_open_loop(testbed, args.max_concurrency, requests, arrivals, bar)
             runs.append({"variant": variant, "beam_size": n, "rate": rate, "repeat": repeat,
                          **latency_numbers(latencies), **prm_numbers(runtime), "requests": latencies})
     return runs
 
 
-def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float], bar) -> tuple[list[dict], SearchRuntime]:
+def serve_open_loop(testbed, max_concurrency: int, requests, arrivals: list[float], bar) -> tuple[list[dict], SearchRuntime]:
     """Submit each request at its arrival time, tick the runtime in between; per-request latencies and the
-    runtime. Time is the stack's clock: with nothing to do, a real stack sleeps and a simulated one
+    runtime. Time is the testbed's clock: with nothing to do, a real testbed sleeps and a simulated one
     advances its clock."""
-    clock = stack.clock
+    clock = testbed.clock
     finished_at: dict[str, float] = {}
-    runtime = fresh_runtime(stack, max_concurrency,
+    runtime = fresh_runtime(testbed, max_concurrency,
                             on_finished=lambda request_id, _: finished_at.__setitem__(request_id, clock()))
     pending = deque(zip(arrivals, requests, strict=True))
     ids = []
@@ -145,7 +130,7 @@ def serve_open_loop(stack, max_concurrency: int, requests, arrivals: list[float]
         if runtime.has_work():
             bar.update(len(runtime.step()))
         elif pending:
-            stack.wait_until(start + pending[0][0])
+            testbed.wait_until(start + pending[0][0])
     out = []
     for request_id, arrival in zip(ids, arrivals, strict=True):
         result = runtime.result(request_id)

@@ -7,23 +7,18 @@ import cProfile
 import pstats
 from collections import defaultdict
 
-from specscale_lab.bench.common import (
-    fresh_runtime,
-    markdown_table,
-    progress_bar,
-    run_batch,
-    search_requests,
-    search_settings,
-)
+from specscale_lab.bench.arguments import search_settings
+from specscale_lab.bench.outputs import markdown_table
+from specscale_lab.bench.runs import fresh_runtime, progress_bar, run_batch, search_requests
 
 TOP_FUNCTIONS = 15
 
 
-def profile_run(stack, args, problems) -> dict:
+def profile_run(testbed, args, problems) -> dict:
     """cProfile of one run of the profile variant: self time by package and the top functions."""
-    requests = search_requests(stack, problems, args.profile_variant, args.seed, tag="profile ",
+    requests = search_requests(testbed, problems, args.profile_variant, args.seed, tag="profile ",
                                **search_settings(args, max(args.beam_sizes)))
-    runtime = fresh_runtime(stack, args.max_concurrency)
+    runtime = fresh_runtime(testbed, args.max_concurrency)
     profiler = cProfile.Profile()
     with progress_bar(len(requests), f"profile {args.profile_variant}") as bar:
         profiler.enable()

@@ -10,23 +10,10 @@ ratio and the peak KV blocks in use (and their share of the pool).
 
 from __future__ import annotations
 
-from specscale_lab.bench.common import (
-    add_common_arguments,
-    finish_info,
-    fresh_runtime,
-    int_list,
-    interleaved,
-    markdown_table,
-    median_summary,
-    new_figure,
-    progress_bar,
-    run_batch,
-    search_requests,
-    search_settings,
-    serving_numbers,
-    start_run,
-    write_outputs,
-)
+from specscale_lab.bench.arguments import add_common_arguments, int_list, search_settings
+from specscale_lab.bench.numbers import median_summary, serving_numbers
+from specscale_lab.bench.outputs import finish_info, markdown_table, new_figure, write_outputs
+from specscale_lab.bench.runs import fresh_runtime, interleaved, progress_bar, run_batch, search_requests, start_run
 
 NAME = "scaling"
 FULL = {"repeats": 3, "beam_sizes": [4, 8, 16, 32], "max_rounds": 40, "variants": ["beam", "specscale"],
@@ -45,11 +32,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    stack, info, started = start_run(NAME, args, FULL, QUICK)
+    testbed, info, started = start_run(NAME, args, FULL, QUICK)
     cells = sweep_cells(args)
-    runs = measure(stack, args, cells)
-    total_blocks = stack.engine.block_manager.num_blocks
-    stack.close()
+    runs = measure(testbed, args, cells)
+    total_blocks = testbed.engine.block_manager.num_blocks
+    testbed.close()
     results = summarize(runs, cells, total_blocks)
     info = finish_info(info, started)
     text = report(results)
@@ -65,16 +52,16 @@ def sweep_cells(args) -> list[tuple[str, int, int]]:
     return [(variant, n, c) for n, c in dict.fromkeys(points) for variant in args.variants]
 
 
-def measure(stack, args, cells) -> list[dict]:
-    problems = stack.problems(args.waves * max(c for _, _, c in cells))
+def measure(testbed, args, cells) -> list[dict]:
+    problems = testbed.problems(args.waves * max(c for _, _, c in cells))
     total = sum(args.waves * c for _, _, c in cells) * args.repeats
     runs = []
     with progress_bar(total, NAME) as bar:
         for repeat, (variant, n, concurrency) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {variant} N={n} concurrency {concurrency}")
             mine = problems[: args.waves * concurrency]
-            requests = search_requests(stack, mine, variant, args.seed, **search_settings(args, n))
-            batch = run_batch(fresh_runtime(stack, concurrency), requests, bar)
+            requests = search_requests(testbed, mine, variant, args.seed, **search_settings(args, n))
+            batch = run_batch(fresh_runtime(testbed, concurrency), requests, bar)
             runs.append({"variant": variant, "beam_size": n, "concurrency": concurrency, "repeat": repeat,
                          **serving_numbers(batch, mine)})
     return runs

@@ -10,26 +10,15 @@ the queue. Too high a threshold delays pruning; this shows by how much.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from specscale.config import SearchConfig
-from specscale_lab.bench.common import (
-    add_common_arguments,
-    finish_info,
-    fresh_runtime,
-    int_list,
-    interleaved,
-    markdown_table,
-    median_summary,
-    new_figure,
-    progress_bar,
-    run_batch,
-    search_requests,
-    search_settings,
-    serving_numbers,
-    start_run,
-    write_outputs,
-)
+from specscale.runtime.device_properties import DeviceProperties
+from specscale_lab.bench.arguments import add_common_arguments, int_list, search_settings
+from specscale_lab.bench.numbers import median_summary, serving_numbers
+from specscale_lab.bench.outputs import finish_info, markdown_table, new_figure, write_outputs
+from specscale_lab.bench.runs import fresh_runtime, interleaved, progress_bar, run_batch, search_requests, start_run
 
 NAME = "sweep-lv"
 REFERENCE = "ep+cd"
@@ -48,12 +37,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    stack, info, started = start_run(NAME, args, FULL, QUICK, ["specscale", REFERENCE])
-    problems = stack.problems(args.problems)
-    points = sweep_points(args.thresholds, args.deferral_caps, stack.lv_threshold_tokens)
+    testbed, info, started = start_run(NAME, args, FULL, QUICK, ["specscale", REFERENCE])
+    problems = testbed.problems(args.problems)
+    points = sweep_points(args.thresholds, args.deferral_caps, testbed.device.lv_threshold_tokens)
     cells = [(label, n) for n in args.beam_sizes for label in points]
-    runs = measure(stack, args, problems, cells, points)
-    stack.close()
+    runs = measure(testbed, args, problems, cells, points)
+    testbed.close()
     results = summarize(runs, cells, points)
     info = finish_info(info, started)
     text = report(results)
@@ -81,19 +70,25 @@ def sweeps_of(threshold: int, cap: int, default_threshold: int, default_cap: int
     return ["threshold"] * (cap == default_cap) + ["deferral_cap"] * (threshold == default_threshold)
 
 
-def measure(stack, args, problems, cells, points) -> list[dict]:
+def measure(testbed, args, problems, cells, points) -> list[dict]:
     runs = []
     with progress_bar(len(cells) * args.repeats * len(problems), NAME) as bar:
         for repeat, (label, n) in interleaved(cells, args.repeats):
             bar.set_postfix_str(f"repeat {repeat} {label} N={n}")
             point = points[label]
-            requests = search_requests(stack, problems, point["preset"], args.seed,
+            requests = search_requests(testbed, problems, point["preset"], args.seed,
                                        **search_settings(args, n), **point["overrides"])
-            runtime = fresh_runtime(stack, args.max_concurrency, lv_threshold_tokens=point.get("threshold"))
+            device = device_at(testbed.device, point.get("threshold"))
+            runtime = fresh_runtime(testbed, args.max_concurrency, device=device)
             batch = run_batch(runtime, requests, bar)
             runs.append({"variant": label, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems),
                          "flush_reasons": batch.runtime.flush_reasons})
     return runs
+
+
+def device_at(device: DeviceProperties, threshold: int | None) -> DeviceProperties:
+    """The stack's device properties with a sweep point's LV threshold (None: the stack's own)."""
+    return device if threshold is None else replace(device, lv_threshold_tokens=threshold)
 
 
 def summarize(runs: list[dict], cells, points) -> dict:

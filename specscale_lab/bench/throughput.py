@@ -15,25 +15,11 @@ from __future__ import annotations
 
 import statistics
 
+from specscale_lab.bench.arguments import LADDER, add_common_arguments, search_settings
 from specscale_lab.bench.cell_pool import CellPool, add_workers_argument, resolve_workers
-from specscale_lab.bench.common import (
-    LADDER,
-    add_common_arguments,
-    finish_info,
-    flush_text,
-    fresh_runtime,
-    interleaved,
-    markdown_table,
-    median_summary,
-    new_figure,
-    progress_bar,
-    run_batch,
-    search_requests,
-    search_settings,
-    serving_numbers,
-    start_run,
-    write_outputs,
-)
+from specscale_lab.bench.numbers import median_summary, serving_numbers
+from specscale_lab.bench.outputs import finish_info, flush_text, markdown_table, new_figure, write_outputs
+from specscale_lab.bench.runs import fresh_runtime, interleaved, progress_bar, run_batch, search_requests, start_run
 
 NAME = "throughput"
 FULL = {"problems": 64, "repeats": 3, "beam_sizes": [4, 8], "max_rounds": 40, "variants": list(LADDER)}
@@ -72,12 +58,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    stack, info, started = start_run(NAME, args, FULL, QUICK)
-    problems = stack.problems(args.problems)
+    testbed, info, started = start_run(NAME, args, FULL, QUICK)
+    problems = testbed.problems(args.problems)
     cells = [(variant, n) for n in args.beam_sizes for variant in args.variants]
     args.workers = resolve_workers(args, len(cells) * args.repeats)
-    runs = measure(stack, args, problems, cells)
-    stack.close()
+    runs = measure(testbed, args, problems, cells)
+    testbed.close()
     results = summarize(runs, cells)
     ratios = speedups(runs, args.repeats)
     info = finish_info(info, started)
@@ -87,9 +73,9 @@ def run(args) -> int:
     return 0
 
 
-def measure(stack, args, problems, cells) -> list[dict]:
+def measure(testbed, args, problems, cells) -> list[dict]:
     """Every cell once per repeat, interleaved; one record per run. Simulated cells run each on a fresh
-    simulation, in `--workers` processes (bench/cell_pool.py); real ones one after the other on `stack`."""
+    simulation, in `--workers` processes (bench/cell_pool.py); real ones one after the other on `testbed`."""
     runs = list(interleaved(cells, args.repeats))
     with progress_bar(len(runs) * len(problems), NAME) as bar:
         if args.backend == "sim":
@@ -97,16 +83,16 @@ def measure(stack, args, problems, cells) -> list[dict]:
         records = []
         for run in runs:
             bar.set_postfix_str(cell_label(run))
-            records.append(run_cell(stack, args, run, bar, problems))
+            records.append(run_cell(testbed, args, run, bar, problems))
         return records
 
 
-def run_cell(stack, args, run: tuple[int, tuple[str, int]], progress, problems=None) -> dict:
-    """One repeat of one (variant, beam size) cell on `stack`: every problem issued at once."""
+def run_cell(testbed, args, run: tuple[int, tuple[str, int]], progress, problems=None) -> dict:
+    """One repeat of one (variant, beam size) cell on `testbed`: every problem issued at once."""
     repeat, (variant, n) = run
-    problems = problems if problems is not None else stack.problems(args.problems)
-    requests = search_requests(stack, problems, variant, args.seed, **search_settings(args, n))
-    batch = run_batch(fresh_runtime(stack, args.max_concurrency), requests, progress)
+    problems = problems if problems is not None else testbed.problems(args.problems)
+    requests = search_requests(testbed, problems, variant, args.seed, **search_settings(args, n))
+    batch = run_batch(fresh_runtime(testbed, args.max_concurrency), requests, progress)
     return {"variant": variant, "beam_size": n, "repeat": repeat, **serving_numbers(batch, problems)}
 
 

@@ -22,17 +22,10 @@ from specscale.grading import DATASETS, AnswerGrader, Problem, load_problems, sh
 from specscale.prompts import MATH_SYSTEM_PROMPT
 from specscale.search.presets import PRESETS, parse_variant, preset_config, split_variants
 from specscale.search.result import SearchResult
-from specscale_lab.bench.common import (
-    DEFAULT_CONCURRENCY,
-    add_model_arguments,
-    finish_info,
-    fresh_runtime,
-    open_pipeline,
-    paired_seed,
-    run_batch,
-    run_info,
-)
-from specscale_lab.bench.stack import RealStack
+from specscale_lab.bench.arguments import DEFAULT_CONCURRENCY, add_model_arguments, given_search_flags
+from specscale_lab.bench.outputs import finish_info, run_info
+from specscale_lab.bench.runs import fresh_runtime, open_pipeline, paired_seed, run_batch
+from specscale_lab.bench.testbed import RealTestbed
 from specscale_lab.cli_checks import check_model_folders
 from specscale_lab.evaluation.progress import Progress
 from specscale_lab.evaluation.report import markdown, summarize
@@ -49,12 +42,12 @@ def add_eval(sub) -> None:
     p.add_argument("--problems", type=int, default=None, help="the first N problems (default: all)")
     p.add_argument("--preset", type=split_variants, default=["specscale"],
                    help="comma-separated presets, compared paired with the first (default: specscale)")
-    p.add_argument("--beam-size", type=int, default=8, help="N")
-    p.add_argument("--beam-width", type=int, default=4, help="M, children per retained path")
-    p.add_argument("--max-rounds", type=int, default=40)
+    p.add_argument("--beam-size", type=int, default=None, help="N (default: each preset's)")
+    p.add_argument("--beam-width", type=int, default=None, help="M, children per retained path (default: each preset's)")
+    p.add_argument("--max-rounds", type=int, default=None, help="rounds per search (default: each preset's)")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--max-step-tokens", type=int, default=SearchConfig.max_step_tokens)
-    p.add_argument("--filter-duplicates", action="store_true",
+    p.add_argument("--filter-duplicates", action="store_true", default=None,
                    help="identical paths compete as one in selection (search-and-learn's recipes' option)")
     p.add_argument("--seeds", type=int, default=1, help="sampling seeds per problem")
     p.add_argument("--seed", type=int, default=0, help="first sampling seed")
@@ -79,7 +72,7 @@ def run_eval(args) -> int:
     else:
         grader.start()  # math-verify's imports overlap the model loading
         pipeline = open_pipeline(args, device=args.device, system_prompt=args.system_prompt or MATH_SYSTEM_PROMPT)
-        info = run_info(NAME, args, RealStack(pipeline), command="specscale")
+        info = run_info(NAME, args, RealTestbed(pipeline), command="specscale")
         try:
             run_cells(pipeline, args, results, pending, grader)
         except KeyboardInterrupt as interrupt:
@@ -107,19 +100,20 @@ def check_arguments(args) -> None:
 
 
 def settings(args) -> dict:
-    """What a record's meaning depends on; a results folder holds one setting only."""
+    """What a record's meaning depends on; a results folder holds one setting only. The search's size is the
+    first preset's, with the flags given."""
+    first = search_config(args, args.preset[0], 0)
     return {"dataset": args.dataset, "generator": str(Path(args.generator).resolve()),
-            "prm": str(Path(args.prm).resolve()), "dtype": args.dtype, "beam_size": args.beam_size,
-            "beam_width": args.beam_width, "max_rounds": args.max_rounds, "temperature": args.temperature,
+            "prm": str(Path(args.prm).resolve()), "dtype": args.dtype, "beam_size": first.beam_size,
+            "beam_width": first.beam_width, "max_rounds": first.max_rounds, "temperature": args.temperature,
             "max_step_tokens": args.max_step_tokens,
-            "filter_duplicates": args.filter_duplicates, "system_prompt": args.system_prompt or MATH_SYSTEM_PROMPT}
+            "filter_duplicates": first.filter_duplicates, "system_prompt": args.system_prompt or MATH_SYSTEM_PROMPT}
 
 
 def search_config(args, preset: str, seed: int) -> SearchConfig:
     try:
-        return preset_config(preset, beam_size=args.beam_size, beam_width=args.beam_width, max_rounds=args.max_rounds,
-                             temperature=args.temperature, max_step_tokens=args.max_step_tokens, seed=seed,
-                             filter_duplicates=args.filter_duplicates)
+        return preset_config(preset, temperature=args.temperature, max_step_tokens=args.max_step_tokens, seed=seed,
+                             **given_search_flags(args))
     except ValueError as error:
         raise SystemExit(f"bad search settings: {error}") from None
 
@@ -181,10 +175,10 @@ def problem_record(problem: Problem, preset: str, seed: int, result: SearchResul
 
 
 def report_markdown(info: dict, summary: dict, args) -> str:
-    grading = info["grading"]
+    grading, first = info["grading"], search_config(args, args.preset[0], 0)
     return (f"# specscale eval {args.dataset}\n\n```bash\n{info['command']}\n```\n\n"
             f"commit `{info['git_commit']}`, {info['machine']['cpu']}, device {args.device}, "
-            f"{info.get('duration_s', 0.0):.0f} s this session. N = {args.beam_size}, M = {args.beam_width}, "
-            f"T = {args.temperature}, {args.max_rounds} rounds, {args.seeds} seed(s). Grading: math-verify, "
+            f"{info.get('duration_s', 0.0):.0f} s this session. N = {first.beam_size}, M = {first.beam_width}, "
+            f"T = {args.temperature}, {first.max_rounds} rounds, {args.seeds} seed(s). Grading: math-verify, "
             f"{grading['math_verify']} comparisons, {grading['timeouts']} timed out.\n\n"
             + markdown(summary, args.preset[0]))

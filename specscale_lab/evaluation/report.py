@@ -14,7 +14,7 @@ import statistics
 
 from specscale.grading import Problem
 from specscale_lab.bench.accuracy import accuracy_ci, paired_difference
-from specscale_lab.bench.common import markdown_table
+from specscale_lab.bench.outputs import markdown_table
 
 ANSWERS = ("best", "weighted_vote", "majority_vote")
 

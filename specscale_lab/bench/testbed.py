@@ -1,14 +1,14 @@
-"""The serving stack a benchmark runs on: a `specscale/stack.py` `Stack` (the one composition root: the real
-models' `Pipeline` or the simulator's `Simulation`) plus the workload a benchmark serves on it.
+"""Testbed: what a benchmark runs on — a `specscale/stack.py` `Stack` (built by `specscale/composition.py`
+`build_stack`: the real models' `Pipeline` or the simulator's `Simulation`) plus the workload it serves.
 
-Every `specscale bench` sub-command drives a stack through this one surface, so `specscale bench <name>
+Every `specscale bench` sub-command drives a testbed through this one surface, so `specscale bench <name>
 --backend sim` and `specscale simulate <name>` run the very code of a real run (docs/simulator.md). The
 engines, the verifier, the clock and the device properties (LV threshold, speculative row budget) are the
-`Stack`'s, resolved there once; a `BenchStack` adds only what differs between a real and a simulated run:
+`Stack`'s, resolved there once; a `Testbed` adds only what differs between a real and a simulated run:
 where the problems come from, how a question becomes a request, what "waiting" means for an open-loop
 benchmark (sleep or advance the virtual clock), and what the run record says about the models.
-`RealStack` serves the bundled toy problems on checkpoints and the wall clock; `SimulatedStack` serves the
-simulator's problems on the simulated models and the virtual clock.
+`RealTestbed` serves the bundled toy problems on checkpoints and the wall clock; `SimulatedTestbed` serves
+the simulator's problems on the simulated models and the virtual clock.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from specscale.config import SearchConfig
 from specscale.engine.engine import Engine
 from specscale.pipeline import Pipeline
 from specscale.runtime.backend import GeneratorBackend, VerifierBackend
+from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.sim.simulation import Simulation
 from specscale.stack import Stack
@@ -32,7 +33,7 @@ from specscale_lab.tasks.toy import toy_problems
 PROBLEM_SET_SEED = 0  # every sub-command draws its problems from the same held-out set
 
 
-class BenchStack(ABC):
+class Testbed(ABC):
     """A `Stack` and the workload served on it. The engines, clock and device properties are the stack's."""
 
     warms_up: bool  # whether a short run must precede timed ones (kernels, allocator, caches)
@@ -57,12 +58,9 @@ class BenchStack(ABC):
         return self.stack.clock
 
     @property
-    def lv_threshold_tokens(self) -> int:
-        return self.stack.lv_threshold_tokens
-
-    @property
-    def spare_rows(self) -> int | None:
-        return self.stack.spare_rows
+    def device(self) -> DeviceProperties:
+        """The LV threshold and speculative row budget the stack resolved."""
+        return self.stack.device
 
     def runtime(self, max_concurrency: int | None = None, **options) -> SearchRuntime:
         return self.stack.runtime(max_concurrency, **options)
@@ -78,10 +76,10 @@ class BenchStack(ABC):
 
     def describe(self) -> dict:
         """What the run record says about the models and the device properties."""
-        return {**self.describe_models(), "lv_threshold_tokens": self.lv_threshold_tokens,
-                "kv_blocks": self.engine.block_manager.num_blocks, "spare_rows": self.spare_rows}
+        return {**self.describe_models(), "lv_threshold_tokens": self.device.lv_threshold_tokens,
+                "kv_blocks": self.engine.block_manager.num_blocks, "spare_rows": self.device.spare_rows}
 
-    # ---- the workload: each stack's own --------------------------------------------------------------
+    # ---- the workload: each testbed's own ------------------------------------------------------------
     @abstractmethod
     def problems(self, count: int) -> list: ...
 
@@ -99,7 +97,7 @@ class BenchStack(ABC):
     def describe_models(self) -> dict: ...
 
 
-class RealStack(BenchStack):
+class RealTestbed(Testbed):
     """A `Pipeline` on checkpoints, serving the toy task's held-out problems on the wall clock."""
 
     warms_up = True
@@ -130,7 +128,7 @@ class RealStack(BenchStack):
         return {"backend": "real", "models": models, "kernels": self.pipeline.kernels()}
 
 
-class SimulatedStack(BenchStack):
+class SimulatedTestbed(Testbed):
     """A `Simulation`: the simulator's problems on simulated models and the virtual clock."""
 
     warms_up = False  # nothing to build or warm: the simulated forward passes cost no host setup

@@ -1,0 +1,124 @@
+"""What every `specscale bench` sub-command (and `specscale simulate`, `eval`, `trace`) takes from its command
+line: the workload, the models, `--out` and `--quick` (`add_common_arguments`), the simulated device
+(`add_simulation_arguments`), the mode's defaults for what a user left unset (`apply_mode_defaults`) and the
+search flags a user gave, as preset overrides (`given_search_flags`, `search_settings`): a flag left unset
+keeps the preset's own value."""
+
+from __future__ import annotations
+
+import argparse
+
+from specscale.config import KERNEL_MODES
+from specscale.costmodel.hardware import bundled_hardware
+from specscale.costmodel.model_profile import bundled_models
+from specscale.pipeline import PipelineConfig
+from specscale.search.presets import split_variants
+from specscale.sim.simulation import SimulationConfig
+from specscale_lab.calibration.workload_choice import DATASET_CHOICES
+
+LADDER = ("beam", "beam+cd", "beam+cd+lv", "specscale-nospec", "naive-spec", "fasttts", "fasttts-xb", "ep-strict",
+          "ep", "ep+cd", "specscale")
+DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight
+SIMULATED_REPEATS = 1  # a simulation is deterministic under its seed: a repeat would replay the same run
+
+
+def add_common_arguments(parser, variants: bool = True, problems: bool = True) -> None:
+    """Options every sub-command takes (--variants and --problems where it has them). Those left at
+    None are filled by `apply_mode_defaults`."""
+    parser.add_argument("--out", required=True, help="folder for raw.json, summary.json, <name>.md, <name>.png")
+    parser.add_argument("--quick", action="store_true", help="a small workload that finishes in under 2 minutes")
+    add_model_arguments(parser)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (docs/gpu.md)")
+    parser.add_argument("--repeats", type=int, default=None, help="repeats; the median is reported")
+    parser.add_argument("--beam-sizes", type=int_list, default=None, help="comma-separated beam sizes N")
+    parser.add_argument("--beam-width", type=int, default=None, help="children per retained path M (default: the preset's)")
+    parser.add_argument("--max-rounds", type=int, default=None, help="rounds per search (SearchConfig's default: 40)")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help=f"requests in flight at most (default {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--seed", type=int, default=0, help="first sampling seed")
+    parser.add_argument("--filter-duplicates", action="store_true", default=None,
+                        help="identical paths compete as one in selection (search-and-learn's option; off in the "
+                             "paper's ladder)")
+    if problems:
+        parser.add_argument("--problems", type=int, default=None, help="toy test problems per run")
+    if variants:
+        parser.add_argument("--variants", "--presets", dest="variants", type=split_variants, default=None,
+                            help="comma-separated presets, each optionally with SearchConfig fields changed: "
+                                 "preset[field=value,...] (e.g. specscale[lv_sibling_trigger=false])")
+    add_simulation_arguments(parser)
+
+
+def add_simulation_arguments(parser) -> None:
+    """`--backend sim` (what `specscale simulate` sets): the simulated device and workload
+    (docs/simulator.md). --generator / --prm then name bundled model shapes or folders with a config.json."""
+    group = parser.add_argument_group("simulation (--backend sim, or `specscale simulate`)")
+    group.add_argument("--backend", choices=("real", "sim"), default="real",
+                       help="real: the checkpoints on this machine; sim: the simulator on a virtual clock")
+    group.add_argument("--hardware", default="cpu",
+                       help=f"bundled hardware profile ({', '.join(bundled_hardware())}) or a profile JSON path")
+    group.add_argument("--dataset", choices=DATASET_CHOICES, default=None,
+                       help="workload preset (default: toy for the toy generator, else math500)")
+    group.add_argument("--workload", default=None,
+                       help="a trace (.jsonl, `specscale trace`) fitted onto the preset, or a workload JSON")
+    group.add_argument("--prm-kv-share", type=float, default=SimulationConfig.prm_kv_share,
+                       help="share of the KV memory left after the weights that goes to the PRM")
+    group.add_argument("--perfect-share", type=float, default=None,
+                       help="share of sound steps the simulated PRM scores exactly 1.0 (default: the preset's)")
+
+
+def add_model_arguments(parser) -> None:
+    """The models and how they are served: what `open_pipeline` reads."""
+    parser.add_argument("--generator", default=PipelineConfig.generator,
+                        help=f"generator folder (default: toy); simulated: also a bundled shape ({', '.join(bundled_models())})")
+    parser.add_argument("--prm", default=PipelineConfig.prm,
+                        help="PRM folder (default: the bundled toy PRM); simulated: also a bundled shape")
+    parser.add_argument("--dtype", default="auto", help="model dtype for both models (default: the engine's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / transposed / torch")
+    parser.add_argument("--kv-gb", type=float, default=PipelineConfig.generator_kv_gb, help="generator KV pool")
+    parser.add_argument("--prm-kv-gb", type=float, default=PipelineConfig.prm_kv_gb, help="PRM KV pool")
+    parser.add_argument("--spare-rows", type=int, default=None,
+                        help="speculative rows only fill an iteration up to this many rows (default: the device's budget on its "
+                             "cost model, costmodel/row_budget.py; no cap on a device without one)")
+    parser.add_argument("--lv-threshold", type=int, default=None,
+                        help="lazy-verification threshold in PRM tokens (default: the PRM's profile on this device, "
+                             "measured at the first start; else the cost model's knee, else 2048)")
+    parser.add_argument("--profile-prm", action=argparse.BooleanOptionalAction, default=True,
+                        help="profile a PRM never profiled on this device at start (default); --no-profile-prm: "
+                             "take the cost model's knee instead")
+
+
+def int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def float_list(text: str) -> list[float]:
+    return [float(part) for part in text.split(",") if part.strip()]
+
+
+def str_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def apply_mode_defaults(args, full: dict, quick: dict) -> None:
+    """Options left at None take the sub-command's quick or full default."""
+    defaults = {"max_concurrency": DEFAULT_CONCURRENCY, **(quick if args.quick else full)}
+    if getattr(args, "backend", "real") == "sim":
+        defaults["repeats"] = SIMULATED_REPEATS
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+SEARCH_FLAGS = ("beam_size", "beam_width", "max_rounds", "filter_duplicates")  # SearchConfig fields, by flag
+
+
+def given_search_flags(args) -> dict:
+    """The search flags the user gave (or the mode's defaults filled), as preset overrides; a flag left unset
+    (None) is left out, so the preset's own value stands (best-of-n's one round, a preset's beam width)."""
+    return {name: getattr(args, name) for name in SEARCH_FLAGS if getattr(args, name, None) is not None}
+
+
+def search_settings(args, beam_size: int) -> dict:
+    """The search settings of one cell of a sub-command's beam-size sweep, as preset overrides."""
+    return {**given_search_flags(args), "beam_size": beam_size}
