@@ -27,11 +27,21 @@ from specscale.verify.profile import DEFAULT_LV_THRESHOLD
 log = logging.getLogger("specscale.server")
 
 
+class DefaultOnceHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`-h` with each option's default once: appended to its help unless the help already says it (an
+    option whose default is computed at start), and left out when there is none (None) or the flag is off."""
+
+    def _get_help_string(self, action) -> str | None:
+        if "default" in (action.help or "") or action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_serve(sub) -> None:
     defaults, limits = PipelineConfig(), ServerSettings()
     p = sub.add_parser("serve", help="serve searches over an OpenAI-compatible HTTP API",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--host", default="127.0.0.1")
+                       formatter_class=DefaultOnceHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at startup)")
     p.add_argument("--generator", default=defaults.generator, help="local Hugging Face folder")
     p.add_argument("--prm", default=defaults.prm, help="local Hugging Face folder")
@@ -49,9 +59,10 @@ def add_serve(sub) -> None:
     p.add_argument("--max-concurrency", type=int, default=defaults.max_concurrency, help="searches running at once")
     p.add_argument("--max-waiting", type=int, default=limits.max_waiting,
                    help="accepted searches waiting for a slot; more are refused with 429")
-    p.add_argument("--max-beam-size", type=int, default=limits.max_beam_size)
+    p.add_argument("--max-beam-size", type=int, default=limits.max_beam_size,
+                   help="largest search.beam_size a request may ask for")
     p.add_argument("--request-timeout", type=float, default=limits.request_timeout_s, help="seconds per search")
-    p.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes)
+    p.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes, help="largest request body")
     p.add_argument("--header-timeout", type=float, default=limits.header_timeout_s,
                    help="seconds a client may take to send a request's headers (then 408, connection closed)")
     p.add_argument("--body-timeout", type=float, default=limits.body_timeout_s,
@@ -63,15 +74,15 @@ def add_serve(sub) -> None:
                         "(default: --request-timeout + 5)")
     p.add_argument("--system-prompt", default=defaults.system_prompt,
                    help="put first in chats without a system message")
-    p.add_argument("--generator-kv-gb", type=float, default=defaults.generator_kv_gb)
-    p.add_argument("--prm-kv-gb", type=float, default=defaults.prm_kv_gb)
+    p.add_argument("--generator-kv-gb", type=float, default=defaults.generator_kv_gb, help="generator KV pool, GB")
+    p.add_argument("--prm-kv-gb", type=float, default=defaults.prm_kv_gb, help="PRM KV pool, GB")
     p.add_argument("--lv-threshold-tokens", type=int, default=None,
                    help="lazy-verification threshold (default: the PRM's profile on this device, measured at the "
                         f"first start; else the cost model's knee, else {DEFAULT_LV_THRESHOLD})")
     p.add_argument("--profile-prm", action=argparse.BooleanOptionalAction, default=True,
                    help="profile a PRM never profiled on this device at start (default); --no-profile-prm: its "
                         "LV threshold is then the device cost model's knee")
-    p.add_argument("--device", default=defaults.device)
+    p.add_argument("--device", default=defaults.device, help="cpu or cuda")
     p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / transposed / torch")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=defaults.seed)
