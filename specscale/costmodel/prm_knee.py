@@ -1,7 +1,7 @@
 """The PRM's knee on a cost model: the lazy-verification threshold `specscale profile-prm` would measure on
 the device the cost model describes (verify/profile.py measures it on a real engine; docs/design.md,
 "Verification"). The simulated stack's threshold, and the real stack's where this PRM was never profiled on
-this device: one derivation from the device's cost model for both (stack.py).
+this device: one derivation from the device's cost model for both (device_resolver.py).
 """
 
 from __future__ import annotations

@@ -60,8 +60,8 @@ def resolve_row_budget(override: int | None, cost_model: CostModel | None, gener
     """The speculative row budget a stack hands its generator engine: the override (`--spare-rows`), else
     the budget measured for this generator on this machine (`specscale profile-decode`,
     engine/decode_profile.py), else the budget of `generator` on the cost model's device; None (unbounded) on
-    a device with neither. The one resolver of this property, for real checkpoints and simulated models alike
-    (stack.py)."""
+    a device with neither. The one rule of this property, for real checkpoints and simulated models alike
+    (device_resolver.py)."""
     if override is not None:
         return override
     if measured is not None:

@@ -148,7 +148,7 @@ def resolve_lv_threshold(override: int | None, profiled: int | None, modelled: i
     """The lazy-verification threshold a stack hands its runtimes: the override (`--lv-threshold-tokens`),
     else the PRM's knee measured on this device (`specscale profile-prm`'s file), else its knee on the
     device's cost model (costmodel/prm_knee.py: a simulated PRM's, or a real PRM's never profiled here), else
-    DEFAULT_LV_THRESHOLD. The one resolver of this property (stack.py)."""
+    DEFAULT_LV_THRESHOLD. The one rule of this property (device_resolver.py)."""
     if override is not None:
         return override
     return profiled or modelled or DEFAULT_LV_THRESHOLD
