@@ -131,3 +131,30 @@ def test_the_benchmark_testbeds_are_built_on_a_stack_and_pass_their_options_to_t
     finally:
         real.close()
         simulated.close()
+
+
+def test_the_runtime_takes_the_device_properties_as_a_value_and_builds_each_flush_policy_once(monkeypatch):
+    """SearchRuntime has no LV threshold of its own (its device properties are a required value), and a lazy
+    request's flush policy is built once, when it is submitted, not for every queued step."""
+    import inspect
+
+    from search_backends import scripted_request, scripted_runtime
+    from specscale.runtime import prm_batches
+    from specscale.runtime.runtime import SearchRuntime
+    from specscale.search.presets import preset_config
+
+    assert inspect.signature(SearchRuntime).parameters["device"].default is inspect.Parameter.empty
+    built: list[int] = []
+    real_flush_policy = prm_batches.flush_policy
+
+    def counting(config, threshold_tokens):
+        built.append(threshold_tokens)
+        return real_flush_policy(config, threshold_tokens)
+
+    monkeypatch.setattr(prm_batches, "flush_policy", counting)
+    runtime = scripted_runtime(max_concurrency=3)
+    requests = [scripted_request(i, preset_config("specscale", beam_size=4, beam_width=2, max_rounds=4, seed=i))
+                for i in range(3)]
+    runtime.run(requests)
+    assert built == [runtime.device.lv_threshold_tokens] * 3
+    assert runtime.metrics.summary()["verifier_calls"] > 0
