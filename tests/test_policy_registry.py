@@ -8,9 +8,9 @@ import pytest
 
 from specscale.config import LV_POLICIES, SearchConfig
 from specscale.runtime.lazy_flush import LAZY_FLUSH, AdaptiveBudget, FixedTriggers, flush_policy
-from specscale.search.composition import build_policies
 from specscale.search.dedup import DEDUP, ComputationDedup, OneExpansionPerChild
 from specscale.search.lookahead import LOOKAHEAD, LookAhead, NoLookahead
+from specscale.search.policy_set import build_policies
 from specscale.search.presets import PRESETS, preset_config
 from specscale.search.protocol import StartFrom
 from specscale.search.pruning import PRUNING, SHORTCUT, NoShortcut, PerfectShortcut

@@ -1,7 +1,7 @@
 """Run torch's prefill SDPA once at every padded shape a server meets (model/prefill_padding.py), before the
 first request: aten keeps the oneDNN micro-kernel it builds for each block shape in a per-thread cache, so the
 warm must run on the thread that runs the engines (the server's engine thread: server/engine_loop.py, given
-`warm_engines` by server/search_stack.py), with one batch row per torch thread so that each worker thread of the
+`warm_engines` by server/serving_process.py), with one batch row per torch thread so that each worker thread of the
 flash kernel's static split meets every block shape."""
 
 from __future__ import annotations

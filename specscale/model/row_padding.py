@@ -20,7 +20,7 @@ Padding bounds the primitives, it does not make them appear at once: a server me
 large prefill chunk) for the first time hours in, and the ~0.6 MiB its primitive takes shows as a slow creep
 (~400 MiB/h at the start of a soak on the toy models). `warm` runs each distinct padded linear of a model
 once at every bucket size its engine can run, at load (`specscale serve` and each Ray replica:
-server/search_stack.py, scaleout/verifier_replica.py): the toy models' 6 shapes x 72 sizes take ~3 s and
+server/serving_process.py, scaleout/verifier_replica.py): the toy models' 6 shapes x 72 sizes take ~3 s and
 ~270 MiB, which the server then holds from its start instead of growing into.
 """
 

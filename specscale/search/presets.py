@@ -10,7 +10,7 @@ import re
 from dataclasses import replace
 
 from specscale.config import SearchConfig
-from specscale.search.composition import build_policies
+from specscale.search.policy_set import build_policies
 
 _SPECULATIVE = {"speculation": "eager", "verification": "immediate"}
 # FastTTS's headline runs (its artifact's `spec_prefix` configurations): beam search with children spread

@@ -13,7 +13,7 @@ The registry reads the name from the `SearchConfig` field it is declared for. A 
 (`pruning="strict"`); a switch (`Registry(..., switch=True)`, a bool field such as `dedup`) chooses between the
 classes registered as "off" and "on". The names a config may use are the registry's (`names()`): nothing else
 keeps a list of them, and an unknown name is a `ValueError` naming the field and the valid names when the
-policies are built (`search/composition.py`, the runtime's `flush_policy`).
+policies are built (`search/policy_set.py`, the runtime's `flush_policy`).
 """
 
 from __future__ import annotations

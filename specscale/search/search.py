@@ -16,7 +16,7 @@ from its `SearchConfig` (a preset line in `search/presets.py`):
   child) and search-and-learn's duplicate filtering.
 
 Every kind of policy is a registry of classes (`search/registry.py`), and `build_policies`
-(`search/composition.py`) builds a search's policies from its config. `Search` calls each policy's hooks, handing
+(`search/policy_set.py`) builds a search's policies from its config. `Search` calls each policy's hooks, handing
 itself over as a `SearchOps` (`search/ops.py`: the typed operations a policy may ask for — expand children,
 verify a candidate or a round, re-rank expansions — and what it may read), and never tests what kind of policy
 it holds, nor what a LookAhead continuation is: it asks the lookahead policy whether an expansion is its round's
@@ -36,7 +36,7 @@ from typing import Any
 
 from specscale.config import SearchConfig
 from specscale.search import policies
-from specscale.search.composition import build_policies
+from specscale.search.policy_set import build_policies
 from specscale.search.protocol import (
     Action,
     Cancel,
