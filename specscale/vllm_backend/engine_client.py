@@ -1,0 +1,103 @@
+"""VllmEngineClient: vLLM's V1 `LLMEngine`, in this process, as the generator backend drives it — add a request
+from token ids, abort requests, step once — with vLLM's outputs turned into `RequestStep`s (the tokens a
+request drew in this step, whether vLLM finished it, its prefix-cache hit), and its KV block pool as `KVUsage`.
+
+The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by `engine_args.import_vllm`),
+so `step` is synchronous: one scheduler iteration, its model run and its outputs. Requests carry token ids
+only (`skip_tokenizer_init`: SpecScale tokenizes and decodes, and ends segments itself: `sequence.py`),
+return only new tokens (`RequestOutputKind.DELTA`) and are scheduled by priority.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specscale.seam import KVUsage, SamplingParams
+from specscale.vllm_backend.engine_args import DEFAULT_BLOCK_SIZE, engine_failure, import_vllm, merged_args
+
+
+@dataclass(frozen=True)
+class RequestStep:
+    """What one vLLM step did to one request: new_token_ids drawn, finished (vLLM ended it: its max_tokens,
+    a stop token, the context), cached_tokens (its prompt's tokens found in the prefix cache)."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None
+    cached_tokens: int
+
+
+def generator_engine_args(model: str, dtype: str, seed: int, max_num_seqs: int,
+                          overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """SpecScale's engine arguments for a generator (prefix caching on at the CPU attention's block size,
+    priority scheduling, token ids in and out), then the user's overrides."""
+    defaults = {"model": model, "dtype": "auto" if dtype == "auto" else dtype, "seed": seed,
+                "enable_prefix_caching": True, "block_size": DEFAULT_BLOCK_SIZE, "scheduling_policy": "priority",
+                "skip_tokenizer_init": True, "max_num_seqs": max_num_seqs, "disable_log_stats": True}
+    return merged_args(defaults, overrides)
+
+
+class VllmEngineClient:
+    def __init__(self, engine_args: Mapping[str, Any], eos_token_ids: Sequence[int]):
+        vllm = import_vllm()
+        from vllm.sampling_params import RequestOutputKind
+
+        self._vllm = vllm
+        self._delta = RequestOutputKind.DELTA
+        self.eos_token_ids = sorted(eos_token_ids)
+        model = str(engine_args.get("model"))
+        try:
+            self.engine = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**engine_args))
+        except (ValueError, TypeError, RuntimeError, OSError, NotImplementedError, KeyError) as error:
+            raise engine_failure(model, error) from None
+        self.max_model_len: int = self.engine.model_config.max_model_len
+        self.block_size: int = self.engine.vllm_config.cache_config.block_size
+
+    # ---- requests ----------------------------------------------------------------------------------
+    def add(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None, seed: int | None,
+            max_tokens: int, priority: int) -> None:
+        """A request generating up to max_tokens from prompt_ids (params None: one token, thrown away: a prefill).
+        priority: SpecScale's (higher runs first); vLLM's priority scheduling runs lower values first."""
+        sampling = self._vllm.SamplingParams(
+            n=1, temperature=params.temperature if params else 1.0, top_p=params.top_p if params else 1.0,
+            top_k=(params.top_k or 0) if params else 0, seed=seed, max_tokens=max_tokens,
+            ignore_eos=True, stop_token_ids=None if params is None or params.ignore_eos else self.eos_token_ids,
+            detokenize=False, output_kind=self._delta,
+        )
+        self.engine.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, sampling, priority=-priority)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        if request_ids:
+            self.engine.abort_request(list(request_ids))
+
+    def step(self) -> list[RequestStep]:
+        steps = []
+        for out in self.engine.step():
+            completion = out.outputs[0] if out.outputs else None
+            steps.append(RequestStep(out.request_id, tuple(completion.token_ids) if completion else (), out.finished,
+                                     completion.finish_reason if completion else None, out.num_cached_tokens or 0))
+        return steps
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    @property
+    def num_unfinished(self) -> int:
+        return self.engine.get_num_unfinished_requests()
+
+    # ---- the KV pool ------------------------------------------------------------------------------
+    @property
+    def kv_usage(self) -> KVUsage:
+        """vLLM's blocks in use out of its pool (the pool's one null block left out; free blocks still
+        holding cached prefixes count as free, as vLLM evicts them on demand)."""
+        pool = self.engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+        total = pool.num_gpu_blocks - 1
+        return KVUsage(total - pool.get_num_free_blocks(), total)
+
+    def close(self) -> None:
+        unfinished = [r for r in list(self.engine.output_processor.request_states)]
+        if unfinished:
+            self.engine.abort_request(unfinished, internal=True)

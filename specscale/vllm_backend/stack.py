@@ -1,0 +1,147 @@
+"""VllmPipelineConfig: the frozen description of a stack whose generator (and optionally PRM) runs on vLLM's
+V1 engine in this process; `build()` composes a `VllmStack` (`composition.py` `build_stack`).
+
+The generator and the verifier backends are chosen apart: `generator_backend` "vllm" (this package's
+`VllmGenerator`) or "engine" (our engine, the plain `Pipeline`), `verifier_backend` "vllm" (`VllmVerifier`,
+vLLM's pooling path) or "engine" (`verify/prm.py` `Verifier`). The device properties are resolved once,
+through `device_resolver.py`, before any engine is built: the row budget on the device's cost model (no
+measured budget: `specscale profile-decode` measures our engine, not vLLM), the LV threshold from the PRM's
+profile or knee; the row budget reaches `VllmGenerator`, which holds speculative requests back by it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from specscale.chat_text import render_chat_text
+from specscale.config import SearchConfig
+from specscale.costmodel.model_profile import ModelProfile
+from specscale.costmodel.row_budget import device_cost_model
+from specscale.device_resolver import resolve_device_properties
+from specscale.pipeline import Pipeline, PipelineConfig, build_verifier
+from specscale.prompts import chat_messages
+from specscale.runtime.backend import GeneratorBackend, VerifierBackend
+from specscale.runtime.device_properties import DeviceProperties
+from specscale.runtime.runtime import SearchRequest
+from specscale.stack import Stack
+from specscale.tokenizer import Tokenizer
+from specscale.verify.profile import load_lv_threshold
+from specscale.vllm_backend.engine_args import VllmBackendError, import_vllm
+from specscale.vllm_backend.engine_client import VllmEngineClient, generator_engine_args
+from specscale.vllm_backend.generator import VllmGenerator
+
+BACKENDS = ("engine", "vllm")
+
+
+@dataclass(frozen=True)
+class VllmPipelineConfig:
+    """pipeline: models, device, seeds, limits (as for our engine); generator_backend / verifier_backend:
+    "vllm" or "engine"; vllm_args: engine arguments passed to vLLM as given (`--vllm-arg`)."""
+
+    pipeline: PipelineConfig = PipelineConfig()
+    generator_backend: str = "vllm"
+    verifier_backend: str = "vllm"
+    vllm_args: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in (self.generator_backend, self.verifier_backend):
+            if name not in BACKENDS:
+                raise VllmBackendError(f"backend {name!r}: expected one of {', '.join(BACKENDS)}")
+
+    def build(self) -> Stack:
+        """Our engine where both are "engine"; else a `VllmStack` (vLLM imported here, not before)."""
+        if self.generator_backend == "engine" and self.verifier_backend == "engine":
+            return Pipeline(self.pipeline)
+        import_vllm()  # the install line before anything loads
+        return VllmStack(self)
+
+
+@dataclass(frozen=True)
+class GeneratorView:
+    """What the server reads of a stack's generator (`SearchBuilder.for_stack`): its tokenizer and context."""
+
+    tokenizer: Tokenizer
+    max_model_len: int
+
+
+def device_properties(config: VllmPipelineConfig) -> DeviceProperties:
+    """The stack's device properties through the shared resolver: the cost model's row budget (vLLM's decode
+    was never measured here), the PRM's profiled knee if this machine has one, else its knee on the cost model."""
+    p = config.pipeline
+    name = torch.cuda.get_device_name(p.device) if p.device.startswith("cuda") else None
+    generator = ModelProfile.load(p.generator, None if p.generator_dtype == "auto" else p.generator_dtype)
+    profiled = None if p.lv_threshold_tokens is not None else load_lv_threshold(p.prm, p.device)
+    return resolve_device_properties(
+        device_cost_model(p.device, name), generator,
+        lambda: ModelProfile.load(p.prm, None if p.prm_dtype == "auto" else p.prm_dtype), p.max_num_seqs,
+        p.lv_threshold_tokens, p.spare_rows, profiled_lv=profiled,
+    )
+
+
+class VllmStack(Stack):
+    """A stack whose generator is vLLM's (or ours) and whose verifier is vLLM's (or ours)."""
+
+    def __init__(self, config: VllmPipelineConfig, clock=None):
+        self.config = config
+        p = config.pipeline
+        device = device_properties(config)
+        self.tokenizer = Tokenizer(p.generator)
+        self.client: VllmEngineClient | None = None
+        our: Pipeline | None = None
+        if config.generator_backend == "vllm":
+            args = generator_engine_args(p.generator, p.generator_dtype, p.seed, p.max_num_seqs, config.vllm_args)
+            self.client = VllmEngineClient(args, sorted(self.tokenizer.eos_token_ids))
+            view = GeneratorView(self.tokenizer, self.client.max_model_len)
+        else:
+            our = Pipeline(replace(p, profile_prm=False), verifier=self._verifier(config))
+            view = GeneratorView(our.engine.tokenizer, our.engine.max_model_len)
+        self.our_pipeline = our
+        verifier = our.verifier if our is not None else self._verifier(config)
+        # the server reads `engine.tokenizer` / `engine.max_model_len` only: a view, not an engine of ours
+        super().__init__(our.engine if our is not None else view,  # type: ignore[arg-type]
+                         verifier, clock or time.perf_counter, device, p.max_concurrency)
+
+    @staticmethod
+    def _verifier(config: VllmPipelineConfig) -> VerifierBackend:
+        if config.verifier_backend == "engine":
+            return build_verifier(config.pipeline)
+        from specscale.vllm_backend.verifier import VllmVerifier
+
+        return VllmVerifier.from_config(config.pipeline, config.vllm_args)
+
+    def local_engines(self) -> list:
+        """Our engines in this process (none of vLLM's: they warm themselves)."""
+        return [] if self.our_pipeline is None else self.our_pipeline.local_engines()
+
+    def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
+        if self.client is None:
+            assert self.our_pipeline is not None
+            return self.our_pipeline.backends()
+        return VllmGenerator(self.client, self.tokenizer, self.device.spare_rows), self.verifier
+
+    def kernels(self) -> dict:
+        return {"generator": f"vllm {_vllm_version()}" if self.client is not None else "engine"}
+
+    def model_memory(self) -> dict:
+        return {}
+
+    def prompt_ids(self, question: str) -> list[int]:
+        chat = render_chat_text(self.tokenizer, chat_messages(question, self.config.pipeline.system_prompt),
+                                add_generation_prompt=True)
+        return chat.encode(self.tokenizer, trusted=self.config.pipeline.trust_special_tokens)
+
+    def request(self, question: str, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
+        return SearchRequest(question, self.prompt_ids(question), config, request_id)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        super().close()
+
+
+def _vllm_version() -> str:
+    return str(getattr(import_vllm(), "__version__", "?"))
