@@ -1,14 +1,17 @@
 """Admission: which searches start (docs/architecture.md, step 2).
 
 Submitted requests wait in submission order under ids unique among those waiting, running and finished; at
-most `max_concurrency` searches are in flight, and the next waiting one starts when a slot frees.
+most `max_concurrency` searches are in flight, and the next waiting one starts when a slot frees. A lock-step
+request (`RequestState.lock_step`, `beam-sync`) starts only in a wave: when nothing was in flight at the start of
+the admission pass, up to `max_concurrency` of them start together, and later ones wait for the whole wave to
+end (search-and-learn's batch of problems; the batch size is `max_concurrency`).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Container
+from collections.abc import Callable, Container
 
 from specscale.runtime.request_state import RequestState, SearchRequest
 
@@ -34,6 +37,19 @@ class Admission:
         self.waiting.append(state)
 
     def can_admit(self) -> bool:
+        """The longest-waiting request may start now (a lock-step one only into an empty runtime: a new wave)."""
+        return self._slot_for_head() and (not self.waiting[0].lock_step or not self.active)
+
+    def admit_ready(self, clock: Callable[[], float]) -> list[RequestState]:
+        """One admission pass: the waiting requests that start now, longest-waiting first, each stamped with the
+        clock. A lock-step request joins only a wave this pass opened (nothing was in flight when it began)."""
+        wave = not self.active
+        admitted = []
+        while self._slot_for_head() and (wave or not self.waiting[0].lock_step):
+            admitted.append(self.admit_next(clock()))
+        return admitted
+
+    def _slot_for_head(self) -> bool:
         return bool(self.waiting) and len(self.active) < self.max_concurrency
 
     def admit_next(self, now: float) -> RequestState:

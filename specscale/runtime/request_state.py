@@ -12,6 +12,7 @@ from specscale.seam import KVUsage, SequenceId
 from specscale.search.protocol import Expand
 from specscale.search.result import SearchResult, Timings, Usage
 from specscale.search.search import Search
+from specscale.search.verification import BatchMode
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ class RequestState:
     verification_s: float = 0.0
     rounds_reported: int = 0
     result: SearchResult | None = None
+
+    @property
+    def lock_step(self) -> bool:
+        """Its rounds are scored only with every in-flight round at once (`beam-sync`): admitted in waves."""
+        return self.search.verification.batching is BatchMode.LOCK_STEP
 
     @property
     def config(self) -> SearchConfig:

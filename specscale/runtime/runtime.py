@@ -197,8 +197,7 @@ class SearchRuntime:
 
     # ---- one tick -----------------------------------------------------------------------------------
     def _admit(self) -> None:
-        while self.admission.can_admit():
-            state = self.admission.admit_next(self.clock())
+        for state in self.admission.admit_ready(self.clock):
             self.expansions.start_prefix(state)
             self._apply(state, state.search.start(state.admitted_at))
 

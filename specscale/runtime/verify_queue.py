@@ -10,7 +10,8 @@ the queue calls:
   queued lazy step of every request goes into that one PRM call, and they ride along with any PRM batch
   that runs anyway. Each step carries its request's policy, resolved once by the runtime at the verifier's
   threshold; a policy of the "request" flush scope (an ablation) flushes its own request's steps only;
-- `ONE_REQUEST` steps (FastTTS's "per_request") are ready at once but a PRM batch holds one request's steps only.
+- `ONE_REQUEST` steps (FastTTS's "per_request") are ready at once but a PRM batch holds one request's steps only;
+- `LOCK_STEP` steps ("lock_step", `beam-sync`) are never ready by themselves: they wait for the flush below.
 When the generator has nothing to do, whatever is queued is flushed (waiting would gain nothing).
 """
 
@@ -69,9 +70,15 @@ class OneRequest(Batching):
         return [i for i in items if i.request is head.request and i.batching is self]
 
 
-AT_ONCE, LAZY, ONE_REQUEST = AtOnce(), Lazy(), OneRequest()
+class LockStep(Batching):
+    """Never ready by itself: held until the generator has nothing to run (`VerifyQueue.any_batch`), i.e. every
+    request in flight has generated its round, then scored with all of them in one PRM call (search-and-learn's
+    batched loop: one generate call for every beam of every problem, then one scoring call)."""
+
+
+AT_ONCE, LAZY, ONE_REQUEST, LOCK_STEP = AtOnce(), Lazy(), OneRequest(), LockStep()
 BATCHINGS: dict[BatchMode, Batching] = {
-    BatchMode.AT_ONCE: AT_ONCE, BatchMode.LAZY: LAZY, BatchMode.ONE_REQUEST: ONE_REQUEST,
+    BatchMode.AT_ONCE: AT_ONCE, BatchMode.LAZY: LAZY, BatchMode.ONE_REQUEST: ONE_REQUEST, BatchMode.LOCK_STEP: LOCK_STEP,
 }  # the verification policy's mode (search/verification.py) -> how this queue carries it out
 
 

@@ -21,6 +21,9 @@ _DYNAMIC_BRANCHING = {"dynamic_branching": True, "branching_score": "lookahead"}
 
 PRESETS: dict[str, dict] = {
     "beam": {},
+    # search-and-learn's batched loop: the requests in flight advance round by round together (each generates
+    # its round, then all are scored in one call), admitted in waves of max_concurrency (docs/design.md)
+    "beam-sync": {"verification": "lock_step"},
     "beam+cd": {"dedup": True},
     # beam+cd whose finished steps go through specscale's lazy queue and triggers: lazy verification without
     # speculation, cross-request batched verification (docs/design.md, "Verification")

@@ -11,7 +11,10 @@ its name in `VERIFICATION` (`search/registry.py`). `Search` calls its hooks, wit
   ablation, in no preset). A finished round is a set of complete sibling groups, so with the sibling-group
   trigger (docs/design.md, "Verification") it flushes at once; with `SearchConfig.lv_sibling_trigger = False`
   whole rounds wait for the token, deferral or age trigger (cross-request batching of rounds);
-- per_request: a request's whole round (with its LookAhead continuations), one request per PRM call (FastTTS).
+- per_request: a request's whole round (with its LookAhead continuations), one request per PRM call (FastTTS);
+- lock_step: a request's whole round, held until every request in flight has generated its round, then all of
+  them in one PRM call (search-and-learn's batched loop, `beam-sync`: docs/design.md, "The lock-step baseline");
+  the runtime admits such requests in waves.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ class BatchMode(Enum):
     AT_ONCE = "at_once"  # ready at once, batched across requests
     LAZY = "lazy"  # held in the lazy queue until a lazy-verification trigger holds
     ONE_REQUEST = "one_request"  # ready at once, one request per PRM call (FastTTS)
+    LOCK_STEP = "lock_step"  # held until the generator has nothing else to run: every in-flight round at once
 
 
-AT_ONCE, LAZY, ONE_REQUEST = BatchMode.AT_ONCE, BatchMode.LAZY, BatchMode.ONE_REQUEST
+AT_ONCE, LAZY, ONE_REQUEST, LOCK_STEP = BatchMode.AT_ONCE, BatchMode.LAZY, BatchMode.ONE_REQUEST, BatchMode.LOCK_STEP
 
 
 VERIFICATION: Registry[Verification] = Registry("verification")
@@ -87,3 +91,8 @@ class LazyRoundVerification(Verification):
 @VERIFICATION.register("per_request")
 class PerRequestVerification(Verification):
     per_step, batching = False, ONE_REQUEST
+
+
+@VERIFICATION.register("lock_step")
+class LockStepVerification(Verification):
+    per_step, batching = False, LOCK_STEP
