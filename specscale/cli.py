@@ -22,15 +22,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import entry_points
 
+from specscale.usage_error import UsageError  # noqa: F401  (its importers take it from here too)
+
 COMMAND_GROUP = "specscale.commands"
 FALLBACK_COMMAND_MODULE = "specscale_lab.commands"  # its `add_commands(sub)`, the group's one entry point
 USAGE_ERROR_STATUS = 2  # argparse's own status for a bad command line
 MAX_COMMAND_WORDS = 2  # a command and its sub-command (`simulate throughput`)
-
-
-class UsageError(Exception):
-    """What the user asked for cannot run (a model folder that is not there, an unknown preset): `main`
-    prints `specscale <command>: error: <message>` and returns 2, as argparse does for a bad option."""
 
 
 class Terminated(KeyboardInterrupt):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specscale.cli import UsageError
 from specscale.search.presets import PRESETS, preset_config, split_variants
+from specscale.usage_error import UsageError
 
 MODEL_CONFIG = "config.json"
 VARIANTS_OPTION = "--variants"
@@ -78,3 +78,13 @@ def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.Argumen
     """The parsers of a command's sub-commands (`specscale bench throughput`, ...)."""
     return [choice for action in parser._actions if isinstance(action, argparse._SubParsersAction)
             for choice in action.choices.values()]
+
+
+def check_search_settings(preset: str, flags: dict) -> None:
+    """The search a preset and the user's search flags make up is valid (SearchConfig's own checks), before
+    any model loads: one line naming the setting otherwise (`--beam-size -4`: "beam_size must be >= 1")."""
+    try:
+        preset_config(preset, **flags)
+    except ValueError as error:
+        given = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in flags.items())
+        raise UsageError(f"{given}: {error}" if given else str(error)) from error

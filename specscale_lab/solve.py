@@ -17,6 +17,7 @@ from specscale.pipeline import PipelineConfig
 from specscale.preset_argument import preset_argument
 from specscale.search.presets import PRESETS, preset_config
 from specscale_lab.bench.arguments import given_search_flags
+from specscale_lab.cli_checks import check_model_folders, check_search_settings
 from specscale_lab.tasks.toy import is_correct, toy_problems
 
 
@@ -42,6 +43,8 @@ def add_solve(sub) -> None:
 
 
 def run_solve(args) -> int:
+    check_model_folders(args)
+    check_search_settings(args.preset, given_search_flags(args))
     pipeline = build_stack(PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
                                           device=args.device, kernels=args.kernels))
     problems = None if args.question else toy_problems("test", args.problems, seed=args.seed)

@@ -37,6 +37,13 @@ def test_solve_can_check_its_model_folders_before_loading(tmp_path):
             check_model_folders(argparse.Namespace(generator=generator, prm=prm))
 
 
+def test_solve_with_a_bad_model_folder_fails_in_one_line(capsys):
+    assert main(["solve", "--generator", "/nonexistent/model"]) == 2
+    assert "--generator /nonexistent/model" in one_error_line(capsys, "specscale solve")
+    assert main(["solve", "--beam-size", "-4", "--problems", "1"]) == 2
+    assert "beam_size" in one_error_line(capsys, "specscale solve")
+
+
 @pytest.mark.parametrize("command", [["simulate", "throughput"], ["bench", "latency", "--out", "unused"]])
 def test_an_unknown_variant_lists_the_valid_presets(command, capsys):
     assert main([*command, "--variants", "beam,specscale[lv_max_deferrals=3],nope"]) == 2
