@@ -246,6 +246,20 @@ def test_low_priority_rows_only_fill_spare_room(qwen2_dir):
             engine.abort(seq_id)
 
 
+def test_spare_room_goes_to_speculative_rows_in_the_order_the_search_ranks_them(qwen2_dir):
+    """The search ranks speculative work by priority (search/speculation.py: depth band, then the parent's
+    survival rank); with room for two of them the scheduler takes the two it ranks first, whatever order they
+    were added in, and among equal priorities the older one."""
+    engine = make_engine(qwen2_dir, spare_rows=3)
+    real = engine.add(PROMPT, GREEDY)
+    priorities = (-205, -101, -100, -102, -101)  # added out of rank order; -101 twice: the first is older
+    speculative = [engine.add(PROMPT, GREEDY, priority=p) for p in priorities]
+    rows = [row.seq.seq_id for row in engine.scheduler.schedule().rows]
+    assert rows == [real, speculative[2], speculative[1]]
+    for seq_id in [real, *speculative]:
+        engine.abort(seq_id)
+
+
 def test_seeded_extend_samples_like_a_seeded_add(engine):
     """A forked prompt prefix extended with seed s draws the same tokens as a fresh sequence added with
     seed s, whatever the engine sampled before (the search's paired seeds rely on this)."""

@@ -97,8 +97,8 @@ def test_admission_respects_max_concurrency(search_backend):
 @pytest.mark.parametrize("n,m", [(8, 4), (4, 4), (16, 4), (8, 2)])
 def test_strict_pruning_and_naive_speculation_retain_what_beam_retains(n, m):
     found = {preset: decisions(run_preset(preset, n_requests=3, beam_size=n, beam_width=m)[0])
-             for preset in ("beam", "naive-spec", "ep-strict")}
-    assert found["beam"] == found["naive-spec"] == found["ep-strict"]
+             for preset in ("beam", "naive-spec", "naive-spec-unbounded", "ep-strict")}
+    assert found["beam"] == found["naive-spec"] == found["naive-spec-unbounded"] == found["ep-strict"]
     assert any(len(rounds) > 2 for rounds in found["beam"].values())  # the test has depth
 
 
@@ -106,6 +106,27 @@ def test_strict_pruning_cancels_work_that_naive_speculation_keeps():
     naive, _ = run_preset("naive-spec", n_requests=3)
     strict, _ = run_preset("ep-strict", n_requests=3)
     assert sum(strict.generator.rows_per_step) < sum(naive.generator.rows_per_step)
+
+
+def test_unbounded_naive_speculation_runs_its_speculative_work_at_real_priority():
+    """`naive-spec-unbounded` (the paper's naive speculation) gives its speculative children priority 0, so the
+    engine's row budget (which bounds priorities below 0) never holds them back; `naive-spec` ranks them below 0."""
+    from specscale.search.protocol import Expand, ScoresArrived, StepFinished
+    from specscale.search.search import Search
+    from specscale.search.tree import CandidateState
+
+    def speculative_priorities(preset: str) -> list[int]:
+        search = Search(preset_config(preset, beam_size=4, beam_width=2, seed=1))
+        search.start(0.0)
+        first = search.rounds[0].expansions[0]
+        search.on(StepFinished(first.id, 100, "a step", 3, (0,), False, 1.0))
+        candidate = next(c for c in search.candidates.values())
+        actions = search.on(ScoresArrived(candidate.id, (0.5,), None, 1.0))
+        assert candidate.state == CandidateState.SCORED
+        return [a.priority for a in actions if isinstance(a, Expand)]
+
+    assert speculative_priorities("naive-spec") and all(p < 0 for p in speculative_priorities("naive-spec"))
+    assert speculative_priorities("naive-spec-unbounded") and set(speculative_priorities("naive-spec-unbounded")) == {0}
 
 
 def test_perfect_scores_close_the_round_early():
@@ -225,6 +246,7 @@ def test_every_preset_is_a_composition_of_policy_objects():
         "best-of-n": (BestOfNSelection, "round", 0, False, ("none", False), False),
         "dvts": (DVTSSelection, "round", 0, False, ("none", False), False),
         "naive-spec": (BeamSelection, "immediate", 1, False, ("none", False), False),
+        "naive-spec-unbounded": (BeamSelection, "immediate", 1, False, ("none", False), False),  # priority 0
         "fasttts": (BeamSelection, "per_request", 0, True, ("none", False), False),
         "fasttts-xb": (BeamSelection, "round", 0, True, ("none", False), False),
         "fasttts-db": (BeamSelection, "per_request", 0, True, ("none", False), False),  # + dynamic branching

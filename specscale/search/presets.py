@@ -31,6 +31,8 @@ PRESETS: dict[str, dict] = {
     "best-of-n": {"selection": "best_of_n", "max_rounds": 1},
     "dvts": {"selection": "dvts"},
     "naive-spec": dict(_SPECULATIVE),
+    # the paper's naive speculation: speculative rows admitted like any other row (no row budget, no ranking)
+    "naive-spec-unbounded": dict(_SPECULATIVE, speculation="eager_unbounded"),
     "fasttts": dict(_FASTTTS, verification="per_request"),
     "fasttts-xb": dict(_FASTTTS, verification="round"),
     "fasttts-db": dict(_FASTTTS, **_DYNAMIC_BRANCHING, verification="per_request"),

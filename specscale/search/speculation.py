@@ -12,7 +12,10 @@ here plus one preset line. Each hook takes the calling search as a `SearchOps` (
 - eager: a verified candidate is expanded at once, up to `speculation_depth` rounds ahead of the last decided
   round, at lower priority, ranked inside its depth's band by its parent's survival rank
   (`rank_speculation`); when its round is decided the losers' subtrees are cancelled (naive-spec, EP,
-  SpecScale).
+  SpecScale);
+- eager_unbounded: eager, with the speculative children at real work's priority, so the engine admits them like
+  any other row, bounded only by `speculation_depth` and its own capacity (no row budget, no ranking): the paper's
+  naive speculation (`naive-spec-unbounded`), beside `naive-spec`'s bounded form.
 FastTTS's Speculative Beam Extension (LookAhead) is its own policy, in `search/lookahead.py`.
 """
 
@@ -103,6 +106,15 @@ class EagerSpeculation(NoSpeculation):
             return []
         return search.reprioritize(search.rounds[rd.index + 1].expansions)
 
+
+
+@SPECULATION.register("eager_unbounded")
+class UnboundedEagerSpeculation(EagerSpeculation):
+    """Eager speculation whose children run at priority 0, like the round being decided: the engine's row budget
+    (which bounds only priorities below 0) never applies to them."""
+
+    def priority(self, search: SearchOps, e: Expansion) -> int:
+        return 0
 
 def survival_rank(search: SearchOps, parent: Candidate) -> int:
     """Logical copies of the parent's round, verified so far, that score strictly above the parent: below
