@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def _build():
     march = "-march=x86-64-v3" if forced_isa() == "avx2" else "-march=native"
     flags = ["-O3", "-fopenmp", march, "-std=c++17", "-ffp-contract=off"]
     build_directory().mkdir(parents=True, exist_ok=True)
+    if not any(build_directory().glob("*.so")):  # a first start on this machine: say why it is slow
+        print(f"specscale: compiling the C++ CPU kernels for this machine (once; cached in {build_directory()})",
+              file=sys.stderr, flush=True)
     return load(name=extension_name(), sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                 build_directory=str(build_directory()), verbose=False)
 
