@@ -11,11 +11,14 @@ import time
 
 from tqdm import tqdm
 
+from specscale.cli import UsageError
 from specscale.composition import build_stack
 from specscale.config import KERNEL_MODES
 from specscale.pipeline import PipelineConfig
 from specscale.preset_argument import preset_argument
 from specscale.search.presets import PRESETS, preset_config
+from specscale.vllm_backend.engine_args import VllmBackendError
+from specscale.vllm_backend.selection import add_backend_arguments, stack_description
 from specscale_lab.bench.arguments import given_search_flags
 from specscale_lab.cli_checks import check_model_folders, check_search_settings
 from specscale_lab.tasks.toy import is_correct, toy_problems
@@ -39,14 +42,19 @@ def add_solve(sub) -> None:
     p.add_argument("--device", default=PipelineConfig.device, help="cpu or cuda")
     p.add_argument("--kernels", default="auto", choices=KERNEL_MODES, help="CPU linear kernels: auto (the fastest measured on this machine), or force ours / onednn / transposed / torch")
     p.add_argument("--quiet", action="store_true", help="one line per question (its answer), then the summary")
+    add_backend_arguments(p)  # --backend engine|vllm, --generator-backend, --verifier-backend, --vllm-arg
     p.set_defaults(func=run_solve)
 
 
 def run_solve(args) -> int:
     check_model_folders(args)
     check_search_settings(args.preset, given_search_flags(args))
-    pipeline = build_stack(PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
-                                          device=args.device, kernels=args.kernels))
+    config = PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
+                            device=args.device, kernels=args.kernels)
+    try:
+        pipeline = build_stack(stack_description(args, config))
+    except VllmBackendError as error:  # vLLM missing, a bad --vllm-arg, a model vLLM cannot run: one line
+        raise UsageError(str(error)) from None
     problems = None if args.question else toy_problems("test", args.problems, seed=args.seed)
     questions = args.question or [p.question for p in problems]
     requests = []

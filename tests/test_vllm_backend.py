@@ -26,7 +26,13 @@ from specscale.seam import (
     StartSequence,
 )
 from specscale.tokenizer import Tokenizer
-from specscale.vllm_backend.engine_args import INSTALL_HINT, VllmBackendError, import_vllm, parse_vllm_args
+from specscale.vllm_backend.engine_args import (
+    INSTALL_HINT,
+    VllmBackendError,
+    engine_failure,
+    import_vllm,
+    parse_vllm_args,
+)
 from specscale.vllm_backend.engine_client import RequestStep
 from specscale.vllm_backend.generator import VllmGenerator
 from specscale.vllm_backend.sequence import SegmentRules, VllmSequence, lane_seeds_for
@@ -59,6 +65,30 @@ def test_missing_vllm_is_one_line(monkeypatch):
     with pytest.raises(VllmBackendError) as error:
         import_vllm()
     assert str(error.value) == INSTALL_HINT and "pip install" in INSTALL_HINT and "\n" not in INSTALL_HINT
+
+
+def test_engine_failure_is_its_first_sentence():
+    error = ValueError("1 validation error for ModelConfig\n  Value error, User-specified max_model_len (9) is "
+                       "greater than the derived one. Set X. [type=value_error]\n    For further information visit x")
+    assert str(engine_failure("m", error)) == ("vLLM cannot run m: ValueError: User-specified max_model_len (9) is "
+                                               "greater than the derived one")
+
+
+def test_selection(monkeypatch):
+    from argparse import ArgumentParser
+
+    from specscale.pipeline import PipelineConfig
+    from specscale.vllm_backend.selection import add_backend_arguments, stack_description
+
+    parser = ArgumentParser()
+    add_backend_arguments(parser)
+    plain = PipelineConfig()
+    assert stack_description(parser.parse_args([]), plain) is plain
+    with pytest.raises(VllmBackendError, match="needs --backend vllm"):
+        stack_description(parser.parse_args(["--vllm-arg", "max_num_seqs=8"]), plain)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(VllmBackendError, match="not installed"):
+        stack_description(parser.parse_args(["--generator-backend", "vllm"]), plain)
 
 
 # ---- segment rules -----------------------------------------------------------------------------

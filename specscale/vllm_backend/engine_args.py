@@ -84,10 +84,12 @@ def vllm_available() -> bool:
 
 
 def engine_failure(model: str, error: BaseException) -> VllmBackendError:
-    """vLLM refused to build an engine for model (its config, an argument, the platform): its message's last
-    meaningful line, on one line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    """vLLM refused to build an engine for model (its config, an argument, the platform): the first sentence of
+    its message's last meaningful line, on one line."""
+    lines = [line.strip() for line in str(error).splitlines()
+             if line.strip() and not line.strip().startswith("For further information")]  # pydantic's link
     reason = lines[-1] if lines else type(error).__name__
+    reason = reason.removeprefix("Value error, ").split(" [type=")[0].split(". ")[0]  # the first sentence
     if len(reason) > 300:
         reason = reason[:297] + "..."
     return VllmBackendError(f"vLLM cannot run {model}: {type(error).__name__}: {reason}")

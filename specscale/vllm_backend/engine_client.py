@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from specscale.seam import KVUsage, SamplingParams
-from specscale.vllm_backend.engine_args import DEFAULT_BLOCK_SIZE, engine_failure, import_vllm, merged_args
+from specscale.vllm_backend.engine_args import (
+    DEFAULT_BLOCK_SIZE,
+    VllmBackendError,
+    engine_failure,
+    import_vllm,
+    merged_args,
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,9 @@ class VllmEngineClient:
             self.engine = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**engine_args))
         except (ValueError, TypeError, RuntimeError, OSError, NotImplementedError, KeyError) as error:
             raise engine_failure(model, error) from None
+        if "generate" not in self.engine.get_supported_tasks():
+            raise VllmBackendError(f"vLLM cannot run {model} as a generator: its tasks are "
+                                   f"{', '.join(self.engine.get_supported_tasks()) or 'none'}")
         self.max_model_len: int = self.engine.model_config.max_model_len
         self.block_size: int = self.engine.vllm_config.cache_config.block_size
 
