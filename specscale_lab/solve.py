@@ -11,12 +11,12 @@ import time
 
 from tqdm import tqdm
 
-from specscale.cli import UsageError
 from specscale.composition import build_stack
 from specscale.config import KERNEL_MODES
 from specscale.pipeline import PipelineConfig
 from specscale.preset_argument import preset_argument
 from specscale.search.presets import PRESETS, preset_config
+from specscale.usage_error import UsageError
 from specscale.vllm_backend.engine_args import VllmBackendError
 from specscale.vllm_backend.selection import add_backend_arguments, stack_description
 from specscale_lab.bench.arguments import given_search_flags
