@@ -17,12 +17,15 @@ import socket
 from pathlib import Path
 
 from specscale.config import KERNEL_MODES
+from specscale.former_flag import add_former_name
 from specscale.pipeline import PipelineConfig
 from specscale.preset_argument import preset_argument
 from specscale.scaleout.command import add_ray_flags
 from specscale.search.presets import PRESETS
 from specscale.server.settings import ServerSettings
 from specscale.verify.profile import DEFAULT_LV_THRESHOLD
+from specscale.vllm_backend.engine_args import VllmBackendError
+from specscale.vllm_backend.selection import add_backend_arguments, chosen_backends, stack_description
 
 log = logging.getLogger("specscale.server")
 
@@ -74,11 +77,15 @@ def add_serve(sub) -> None:
                         "(default: --request-timeout + 5)")
     p.add_argument("--system-prompt", default=defaults.system_prompt,
                    help="put first in chats without a system message")
-    p.add_argument("--generator-kv-gb", type=float, default=defaults.generator_kv_gb, help="generator KV pool, GB")
+    kv_gb = p.add_argument("--kv-gb", dest="generator_kv_gb", type=float, default=defaults.generator_kv_gb,
+                           help="generator KV pool, GB")
+    add_former_name(p, "--generator-kv-gb", kv_gb)
     p.add_argument("--prm-kv-gb", type=float, default=defaults.prm_kv_gb, help="PRM KV pool, GB")
-    p.add_argument("--lv-threshold-tokens", type=int, default=None,
-                   help="lazy-verification threshold (default: the PRM's profile on this device, measured at the "
-                        f"first start; else the cost model's knee, else {DEFAULT_LV_THRESHOLD})")
+    lv_threshold = p.add_argument("--lv-threshold", dest="lv_threshold_tokens", type=int, default=None,
+                                  help="lazy-verification threshold in PRM tokens (default: the PRM's profile on this "
+                                       "device, measured at the first start; else the cost model's knee, else "
+                                       f"{DEFAULT_LV_THRESHOLD})")
+    add_former_name(p, "--lv-threshold-tokens", lv_threshold)
     p.add_argument("--profile-prm", action=argparse.BooleanOptionalAction, default=True,
                    help="profile a PRM never profiled on this device at start (default); --no-profile-prm: its "
                         "LV threshold is then the device cost model's knee")
@@ -89,6 +96,7 @@ def add_serve(sub) -> None:
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     add_ray_flags(p)
+    add_backend_arguments(p)  # --backend engine|vllm, --generator-backend, --verifier-backend, --vllm-arg
     p.set_defaults(func=run_serve)
 
 
@@ -102,6 +110,14 @@ def run_serve(args) -> int:
             print(f"specscale serve: no checkpoint at {folder} (--{name}); pass a local Hugging Face folder")
             return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    try:
+        args.stack_description = stack_description(args, pipeline_config(args))  # vLLM's checks, nothing loaded
+    except VllmBackendError as error:
+        print(f"specscale serve: {error}")
+        return 2
+    if args.ray and chosen_backends(args) != ("engine", "engine"):
+        print("specscale serve: --ray serves our engine only; --backend vllm runs without it (docs/gpu.md)")
+        return 2
     if args.ray:  # docs/scale-out.md
         from specscale.scaleout.command import run_ray_serve, scale_out_config
 
@@ -135,7 +151,11 @@ def build_server(args):
     from specscale.server.app import build_app
     from specscale.server.serving_process import ServingProcess
 
-    process = ServingProcess.build(pipeline_config(args), server_settings(args))
+    try:
+        process = ServingProcess.build(pipeline_config(args), server_settings(args),
+                                       description=getattr(args, "stack_description", None))
+    except VllmBackendError as error:  # vLLM cannot run the model, a bad engine argument
+        raise SystemExit(f"specscale serve: {error}") from None
     log_memory(process.stack)
     return build_app(process.engine_loop, process.builder, process.metrics, process.settings,
                      on_shutdown=process.stack.close)
@@ -176,7 +196,12 @@ def log_memory(pipeline) -> None:
     """Start-up lines on stdout (whatever the log level): what each model holds, the process's resident memory."""
     from specscale.model.kernel_choice import describe_paths
     from specscale.model.memory import MIB, process_resident_bytes
+    from specscale.vllm_backend.stack import VllmStack
 
+    if isinstance(pipeline, VllmStack):  # vLLM reports its own memory in its log
+        print(f"SpecScale backends: {pipeline.describe()}", flush=True)
+        print(f"SpecScale process resident memory: {process_resident_bytes() / MIB:,.0f} MiB", flush=True)
+        return
     print(f"SpecScale generator memory: {pipeline.engine.model_memory().describe()}", flush=True)
     print(f"SpecScale PRM memory: {pipeline.verifier.engine.model_memory().describe()}", flush=True)
     for role, engine in (("generator", pipeline.engine), ("PRM", pipeline.verifier.engine)):

@@ -49,10 +49,10 @@ def add_solve(sub) -> None:
 def run_solve(args) -> int:
     check_model_folders(args)
     check_search_settings(args.preset, given_search_flags(args))
-    config = PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
-                            device=args.device, kernels=args.kernels)
+    pipeline_config = PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
+                                     device=args.device, kernels=args.kernels)
     try:
-        pipeline = build_stack(stack_description(args, config))
+        pipeline = build_stack(stack_description(args, pipeline_config))
     except VllmBackendError as error:  # vLLM missing, a bad --vllm-arg, a model vLLM cannot run: one line
         raise UsageError(str(error)) from None
     problems = None if args.question else toy_problems("test", args.problems, seed=args.seed)

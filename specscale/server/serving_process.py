@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specscale.composition import RemoteVerifierPipeline, build_stack
+from specscale.composition import RemoteVerifierPipeline, StackDescription, build_stack
 from specscale.model import prefill_warmup
 from specscale.model.row_padding import warm_engines
 from specscale.pipeline import Pipeline, PipelineConfig
@@ -16,11 +16,12 @@ from specscale.server.engine_loop import EngineLoop
 from specscale.server.metrics import ServerMetrics
 from specscale.server.search_builder import SearchBuilder
 from specscale.server.settings import ServerSettings
+from specscale.stack import Stack
 
 
 @dataclass(frozen=True)
 class ServingProcess:
-    stack: Pipeline
+    stack: Pipeline | Stack  # a Pipeline, or another backend's stack (vllm_backend/stack.py VllmStack)
     engine_loop: EngineLoop
     builder: SearchBuilder
     metrics: ServerMetrics
@@ -28,13 +29,16 @@ class ServingProcess:
 
     @classmethod
     def build(cls, pipeline_config: PipelineConfig, settings: ServerSettings,
-              verifier: VerifierBackend | None = None) -> ServingProcess:
+              verifier: VerifierBackend | None = None,
+              description: StackDescription | None = None) -> ServingProcess:
         """Loads both models (the slow part), or only the generator when given a verifier served elsewhere
-        (a remote PRM deployment: docs/scale-out.md); the engine thread is not started yet."""
+        (a remote PRM deployment: docs/scale-out.md); the engine thread is not started yet. description: the
+        stack to build instead of pipeline_config's (another backend: `specscale serve --backend vllm`)."""
         from specscale.grading import shared_grader
 
         shared_grader().start()  # votes over non-numeric answers use math-verify: its worker imports while models load
-        stack = build_stack(pipeline_config if verifier is None else RemoteVerifierPipeline(pipeline_config, verifier))
+        stack = build_stack(description or (
+            pipeline_config if verifier is None else RemoteVerifierPipeline(pipeline_config, verifier)))
         warm_engines(stack.local_engines())  # oneDNN's primitive for every row count now (model/row_padding.py)
         metrics = ServerMetrics()
         engine_loop = EngineLoop(stack.runtime, metrics, settings.max_waiting, settings.retry_after_s,

@@ -52,7 +52,7 @@ class VllmPipelineConfig:
             if name not in BACKENDS:
                 raise VllmBackendError(f"backend {name!r}: expected one of {', '.join(BACKENDS)}")
 
-    def build(self) -> Stack:
+    def build(self) -> Pipeline | VllmStack:
         """Our engine where both are "engine"; else a `VllmStack` (vLLM imported here, not before)."""
         if self.generator_backend == "engine" and self.verifier_backend == "engine":
             return Pipeline(self.pipeline)
@@ -122,6 +122,13 @@ class VllmStack(Stack):
             assert self.our_pipeline is not None
             return self.our_pipeline.backends()
         return VllmGenerator(self.client, self.tokenizer, self.device.spare_rows), self.verifier
+
+    def describe(self) -> str:
+        """The start-up line of `specscale serve`: which backend runs each model."""
+        c = self.config
+        version = _vllm_version()
+        return (f"generator {c.pipeline.generator} on {'vLLM ' + version if c.generator_backend == 'vllm' else 'our engine'}"
+                f", PRM {c.pipeline.prm} on {'vLLM ' + version if c.verifier_backend == 'vllm' else 'our engine'}")
 
     def kernels(self) -> dict:
         return {"generator": f"vllm {_vllm_version()}" if self.client is not None else "engine"}
