@@ -5,12 +5,15 @@ the flag and what it expected.
   prints as `specscale <command>: error: <message>` with exit status 2;
 - `known_variants` is an argparse `type=` for `--variants` / `--presets` that raises the same (argparse
   passes it on: it would print its whole usage before an error of its own type);
-  `check_variants_option(parser)` puts it on a parser that has the option.
+  `check_variants_option(parser)` puts it on a parser that has the option;
+- `check_search_settings(preset, flags)` (solve, eval, trace) and `check_sweep_settings` (every search of a
+  bench or simulate sweep) apply SearchConfig's own rules to the preset with the flags given.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from specscale.search.presets import PRESETS, preset_config, split_variants
@@ -18,6 +21,7 @@ from specscale.usage_error import UsageError
 
 MODEL_CONFIG = "config.json"
 VARIANTS_OPTION = "--variants"
+SWEEP_FLAG_NAMES = {"beam_size": "--beam-sizes"}  # a bench sweeps beam sizes
 
 
 def check_model_folder(flag: str, folder: str | Path) -> None:
@@ -80,11 +84,37 @@ def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.Argumen
             for choice in action.choices.values()]
 
 
-def check_search_settings(preset: str, flags: dict) -> None:
+def check_search_settings(preset: str, flags: dict, flag_names: dict[str, str] | None = None) -> None:
     """The search a preset and the user's search flags make up is valid (SearchConfig's own checks), before
-    any model loads: one line naming the setting otherwise (`--beam-size -4`: "beam_size must be >= 1")."""
+    any model loads: one line naming the flags the error is about otherwise (`--beam-size -4`: "beam_size
+    must be >= 1"). flag_names: the flag of a field where it is not `--<field>` (a bench's `--beam-sizes`)."""
     try:
         preset_config(preset, **flags)
     except ValueError as error:
-        given = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in flags.items())
-        raise UsageError(f"{given}: {error}" if given else str(error)) from error
+        given = flags_text(named_flags(flags, str(error)), flag_names or {})
+        raise UsageError(f"{given}: {error}" if given else str(error)) from None
+
+
+def check_sweep_settings(variants: list[str], beam_sizes: list[int], flags: dict) -> None:
+    """Every search of a bench sweep: each variant at each beam size, with the user's other search flags."""
+    for variant in variants:
+        for beam_size in beam_sizes:
+            try:
+                check_search_settings(variant, {"beam_size": beam_size, **flags}, SWEEP_FLAG_NAMES)
+            except UsageError as error:
+                raise UsageError(f"preset {variant}, {error}") from None
+
+
+def named_flags(flags: dict, error: str) -> dict:
+    """The flags whose SearchConfig field the error names (all of them when it names none)."""
+    named = {name: value for name, value in flags.items() if re.search(rf"\b{name}\b", error)}
+    return named or flags
+
+
+def flags_text(flags: dict, flag_names: dict[str, str]) -> str:
+    return " ".join(f"{flag_names.get(name, option_of(name))} {value}" for name, value in flags.items())
+
+
+def option_of(field: str) -> str:
+    """`beam_size` -> `--beam-size`."""
+    return "--" + field.replace("_", "-")

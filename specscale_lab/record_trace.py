@@ -3,7 +3,7 @@
 Serves `--problems` problems with one preset through the same testbed and runtime as `specscale bench`
 (`bench/testbed.py`) and writes every request's candidates (steps, token counts, PRM scores, answers) as a
 versioned JSONL trace (`specscale_lab/calibration/trace.py`). On real models (`--backend real`, the default) the problems are the
-toy task's (`--task toy`) or a bundled data set's (`--task math500|gsm8k|olympiadbench`, with the math system
+toy task's (`--dataset toy`, the default) or a bundled data set's (`--dataset math500|gsm8k|olympiadbench`, with the math system
 prompt and answer equivalence as `specscale eval` grades it): a trace recorded with real models on one's own
 GPU is what `specscale simulate --workload trace.jsonl` fits its workload to. On the simulator
 (`--backend sim`) it records the simulated run, e.g. to check a fit against the workload that made it.
@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from specscale.grading import DATASETS, load_problems, shared_grader
+from specscale.former_flag import add_former_name
+from specscale.grading import load_problems, shared_grader
 from specscale.preset_argument import preset_argument
 from specscale.prompts import MATH_SYSTEM_PROMPT
 from specscale.search.presets import preset_config
@@ -28,6 +29,7 @@ from specscale_lab.bench.arguments import (
 from specscale_lab.bench.runs import fresh_runtime, open_pipeline, open_testbed, paired_seed, progress_bar, run_batch
 from specscale_lab.bench.testbed import RealTestbed, Testbed
 from specscale_lab.calibration.trace import TraceHeader, TraceRequest, trace_request, write_trace
+from specscale_lab.cli_checks import check_search_settings
 
 TOY_TASK = "toy"
 
@@ -38,8 +40,6 @@ def add_trace(sub) -> None:
     p.add_argument("--out", required=True, help="trace file (JSONL)")
     p.add_argument("--preset", default="best-of-n", type=preset_argument,
                    help="a preset or preset[field=value,...] (best-of-n: unselected samples)")
-    p.add_argument("--task", choices=(TOY_TASK, *DATASETS), default=TOY_TASK,
-                   help="real models: the toy task or a bundled data set (the simulator has its own problems)")
     p.add_argument("--problems", type=int, default=32)
     p.add_argument("--beam-size", type=int, default=None, help="N (default: the preset's)")
     p.add_argument("--beam-width", type=int, default=None, help="M (default: the preset's)")
@@ -50,11 +50,15 @@ def add_trace(sub) -> None:
     p.add_argument("--no-token-ids", action="store_true", help="leave out token ids (share no text-level detail)")
     p.add_argument("--notes", default="", help="free text for the trace's header")
     add_model_arguments(p)
-    add_simulation_arguments(p)
+    dataset = add_simulation_arguments(p, dataset_help="the problems: real models, the toy task (default) or a bundled "
+                                                       "data set; simulated, the workload preset (default: toy for "
+                                                       "the toy generator, else math500)")
+    add_former_name(p, "--task", dataset)
     p.set_defaults(func=run_trace, quick=False)
 
 
 def run_trace(args) -> int:
+    check_search_settings(args.preset, given_search_flags(args))
     started = time.perf_counter()
     testbed, problems, grade = open_trace_testbed(args)
     requests = record(testbed, args, problems, grade)
@@ -69,12 +73,22 @@ def run_trace(args) -> int:
 
 def open_trace_testbed(args) -> tuple[Testbed, list, object]:
     """The testbed, the problems (each with `question` and a gold answer) and the grade(answer, gold) to use."""
-    if args.backend == "sim" or args.task == TOY_TASK:
+    if args.backend == "sim" or real_dataset(args) == TOY_TASK:
         testbed = open_testbed(args)
         return testbed, testbed.problems(args.problems), None  # exact match: toy and simulated answers are plain
     testbed = RealTestbed(open_pipeline(args, system_prompt=MATH_SYSTEM_PROMPT))
     grader = shared_grader()
-    return testbed, load_problems(args.task, args.problems), grader.equivalent
+    return testbed, load_problems(real_dataset(args), args.problems), grader.equivalent
+
+
+def traced_dataset(args, described: dict) -> str:
+    """The problems a testbed served: a simulation's workload preset, else the real models' data set."""
+    return described["simulation"]["dataset"] if described["backend"] == "sim" else real_dataset(args)
+
+
+def real_dataset(args) -> str:
+    """The problems real models solve: --dataset, else the toy task."""
+    return args.dataset or TOY_TASK
 
 
 def record(testbed: Testbed, args, problems: list, grade) -> list[TraceRequest]:
@@ -101,4 +115,5 @@ def trace_header(args, testbed: Testbed) -> TraceHeader:
     return TraceHeader(generator=models["generator"], prm=models["prm"], temperature=config.temperature,
                        search=asdict(config) | {"max_concurrency": args.max_concurrency, "seed": args.seed},
                        source="simulated" if described["backend"] == "sim" else "real",
-                       notes=args.notes or f"specscale trace --task {args.task} --preset {args.preset}")
+                       notes=args.notes or f"specscale trace --dataset {traced_dataset(args, described)} "
+                                                f"--preset {args.preset}")

@@ -75,3 +75,20 @@ def test_a_results_folder_holds_its_settings_from_its_first_result_on(tmp_path):
 def test_a_variant_with_an_unknown_field_fails_in_one_line(capsys):
     assert main(["simulate", "throughput", "--variants", "specscale[no_such_field=1]"]) == 2
     assert "no_such_field" in one_error_line(capsys, "specscale simulate throughput")
+
+
+@pytest.mark.parametrize(("command", "flags", "named"), [
+    (["bench", "throughput", "--out", "unused"], ["--beam-sizes", "-4"], "--beam-sizes -4"),
+    (["simulate", "throughput"], ["--beam-sizes", "8", "--beam-width", "3"], "--beam-sizes 8 --beam-width 3"),
+    (["simulate", "scaling"], ["--max-rounds", "0"], "--max-rounds 0"),
+    (["eval", "--dataset", "gsm8k", "--problems", "1"], ["--beam-size", "-4"], "--beam-size -4"),
+    (["eval", "--dataset", "gsm8k", "--preset", "beam,dvts"], ["--beam-size", "8", "--beam-width", "3"],
+     "--beam-size 8 --beam-width 3"),
+    (["trace", "--out", "unused.jsonl"], ["--beam-size", "-4"], "--beam-size -4"),
+])
+def test_bad_search_values_fail_in_one_line_naming_their_flags(command, flags, named, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # nothing is written: the check comes before anything loads or opens a folder
+    assert main([*command, *flags]) == 2
+    line = one_error_line(capsys, " ".join(["specscale", *(word for word in command[:2] if not word.startswith("-"))]))
+    assert f"{named}: beam_size" in line or f"{named}: max_rounds" in line, line
+    assert not list(tmp_path.iterdir())

@@ -114,8 +114,9 @@ def test_the_benchmark_testbeds_are_built_on_a_stack_and_pass_their_options_to_t
     resolver above, with the options `--spare-rows` / `--lv-threshold` as its overrides: no second default."""
     calls: list = []
     _resolvers_recording(monkeypatch, calls, rows=6, threshold=444)
-    options = ["--out", "x", "--max-concurrency", "4", "--spare-rows", "3", "--lv-threshold", "99", "--kv-gb", "0.1", "--prm-kv-gb", "0.1"]
-    real = open_testbed(build_parser().parse_args(["bench", "throughput", *options, "--backend", "real"]))
+    options = ["--out", "x", "--max-concurrency", "4", "--spare-rows", "3", "--lv-threshold", "99"]
+    real = open_testbed(build_parser().parse_args(["bench", "throughput", *options, "--backend", "real", "--kv-gb", "0.1",
+                                                   "--prm-kv-gb", "0.1"]))
     simulated = open_testbed(build_parser().parse_args(["simulate", "throughput", *options, "--hardware", "cpu",
                                                         "--generator", str(TOY_GENERATOR), "--prm", str(TOY_PRM)]))
     try:

@@ -16,7 +16,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from specscale.cli import interrupted_status
+from specscale.cli import UsageError, interrupted_status
 from specscale.config import SearchConfig
 from specscale.grading import DATASETS, AnswerGrader, Problem, load_problems, shared_grader
 from specscale.prompts import MATH_SYSTEM_PROMPT
@@ -26,7 +26,7 @@ from specscale_lab.bench.arguments import DEFAULT_CONCURRENCY, add_model_argumen
 from specscale_lab.bench.outputs import finish_info, run_info
 from specscale_lab.bench.runs import fresh_runtime, open_pipeline, paired_seed, run_batch
 from specscale_lab.bench.testbed import RealTestbed
-from specscale_lab.cli_checks import check_model_folders
+from specscale_lab.cli_checks import check_model_folders, check_search_settings
 from specscale_lab.evaluation.progress import Progress
 from specscale_lab.evaluation.report import markdown, summarize
 from specscale_lab.evaluation.results import ResultsFolder
@@ -90,13 +90,16 @@ def run_eval(args) -> int:
 
 
 def check_arguments(args) -> None:
+    """Everything a command line can get wrong, each a one-line UsageError, before anything loads."""
     unknown = [p for p in args.preset if parse_variant(p)[0] not in PRESETS]
     if unknown or not args.preset:
-        raise SystemExit(f"unknown preset(s) {unknown}; choose from {sorted(PRESETS)}")
+        raise UsageError(f"--preset: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(sorted(PRESETS))}")
     if args.seeds < 1 or (args.problems is not None and args.problems < 1):
-        raise SystemExit(f"--seeds and --problems must be >= 1, got {args.seeds} and {args.problems}")
+        raise UsageError(f"--seeds and --problems must be >= 1, got {args.seeds} and {args.problems}")
     check_model_folders(args)
-    search_config(args, args.preset[0], 0)  # SearchConfig's own checks (beam size a multiple of width...)
+    for preset in args.preset:  # SearchConfig's own checks (beam size a multiple of width...)
+        check_search_settings(preset, {**given_search_flags(args), "temperature": args.temperature,
+                                       "max_step_tokens": args.max_step_tokens})
 
 
 def settings(args) -> dict:
