@@ -228,6 +228,7 @@ def test_abort_pause_resume(tokenizer):
     gen.step()
     resumed = engine.added[-1]
     assert resumed["prompt"] == [5, 6, 40, 40] and resumed["max_tokens"] == 8 and resumed["priority"] == 3
+    assert gen.resume_stats.requests == 1 and gen.resume_stats.prompt_tokens == 4
     gen.apply([AbortSequence(0)])
     assert gen.num_requests == 0 and gen.num_live_sequences == 0 and not gen.has_work()
 

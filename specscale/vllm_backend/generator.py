@@ -100,7 +100,8 @@ class VllmGenerator:
         self._prefix = f"s{next(_instances)}"
         self._fresh: dict[str, int] = {}  # requests added whose first output is still to come -> prompt length
         self._overlong: list[VllmSequence] = []  # sequences whose context is full before they start
-        self.cache_stats = CacheStats()
+        self.cache_stats = CacheStats()  # branches (and resumes, which are counted apart as well)
+        self.resume_stats = CacheStats()  # resumes after a pause: abort + re-add through the prefix cache
 
     # ---- GeneratorBackend ------------------------------------------------------------------------
     def apply(self, ops: Sequence[SequenceOp]) -> None:
@@ -192,7 +193,7 @@ class VllmGenerator:
         seq.priority = op.priority
         if op.resume and seq.phase == Phase.PAUSED:
             seq.phase = Phase.QUEUED
-            seq.continues = True
+            seq.continues = seq.resuming = True
             self._queue.append(seq)
         for lane in [s for s in self._announce if s.announce_split_from == op.seq_id]:
             self._prioritize(PrioritizeSequence(lane.seq_id, op.priority, op.resume))
@@ -252,10 +253,11 @@ class VllmGenerator:
         prompt_tokens = self._fresh.pop(out.request_id, None)
         if prompt_tokens is not None:  # its first output: how much of its prompt vLLM found cached
             seq.cached_tokens.append(out.cached_tokens)
-            if seq.continues:
-                self.cache_stats.requests += 1
-                self.cache_stats.prompt_tokens += prompt_tokens
-                self.cache_stats.cached_tokens += out.cached_tokens
+            for stats in ([self.cache_stats] if seq.continues else []) + ([self.resume_stats] if seq.resuming else []):
+                stats.requests += 1
+                stats.prompt_tokens += prompt_tokens
+                stats.cached_tokens += out.cached_tokens
+            seq.resuming = False
         if seq.params is None:  # a prefill: its one token is thrown away
             if not out.finished:
                 return None

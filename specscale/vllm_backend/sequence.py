@@ -37,6 +37,7 @@ class VllmSequence:
     lane: int = 0
     seed: int | None = None
     continues: bool = False  # its requests continue KV another request computed (a branch, a resume)
+    resuming: bool = False  # its next request resumes it after a pause
     phase: Phase = Phase.QUEUED
     segment_tokens: int = 0
     request_id: str | None = None
