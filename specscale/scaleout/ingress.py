@@ -10,6 +10,9 @@ its count of every completion request by how it ended (`specscale_requests_total
 request's end as its client does, across re-runs on another replica; the replicas count none).
 In disaggregated serving both also ask every PRM replica (`VerifierReplica`): /health lists them apart
 and adds their PRM KV to the total, /metrics sums their PRM-batch series with the rest.
+Until every deployment has had all its replicas running at once, /health answers 503 "starting" with what
+the layout waits for (`layout_start.py`); after that, a replica short is one lost: "degraded" (200) while
+some serve, "failed" (503) when none does.
 
 Drain (`drain`, called by `specscale serve --ray` on SIGTERM): new completions get 503 + Retry-After and
 /health answers 503 "draining" while the requests the ingress holds run to their end; then it reports what
@@ -34,6 +37,7 @@ from specscale.scaleout.cluster_counters import ClusterCounters
 from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.exposition import only_families, sum_expositions
 from specscale.scaleout.forwarding import ForwardedSearch
+from specscale.scaleout.layout_start import DeploymentCount, LayoutStart, cluster_resources, waiting_for
 from specscale.scaleout.messages import Rejected, StreamOpened
 from specscale.server.app import PROMETHEUS_TEXT, install_middleware
 from specscale.server.engine_loop import EngineSnapshot
@@ -48,6 +52,7 @@ log = logging.getLogger("specscale.server")
 POLL_TIMEOUT_S = 5.0  # a replica that does not answer a /health or /metrics poll within this is left out
 HEALTH_TOTALS = ("requests_running", "requests_waiting", "kv_blocks_used", "kv_blocks_total", "prm_kv_blocks_used",
                  "live_sequences", "ticks")
+SERVING_STATES = ("ok", "degraded")  # /health answers 200; "starting", "draining", "failed" 503
 
 
 @serve.ingress()
@@ -62,6 +67,8 @@ class Ingress:
         self._model_card: dict | None = None
         self.draining = False
         self.open_requests = 0  # completions received and not yet answered to the end (streams included)
+        self.layout_start = LayoutStart()  # /health says "starting" until every deployment was up at once
+        self.last_waiting: list[str] = []  # what the last "starting" answer waited for (logged on change)
 
     async def drain(self, timeout_s: float) -> DrainReport:
         """Refuse new completions, wait up to `timeout_s` for the open ones, report what the replicas hold."""
@@ -143,13 +150,36 @@ class Ingress:
         total["prm_kv_blocks_used"] += sum(v["prm_kv_blocks_used"] for v in verifiers)
         complete = healthy >= self.config.replicas and verifiers_healthy >= self.config.verifier_replicas
         serving = healthy > 0 and (verifiers_healthy > 0 or not self.config.disaggregated)
-        state = "draining" if self.draining else "ok" if complete else "degraded" if serving else "failed"
+        deployments = self._deployments(len(replicas), len(verifiers))
+        starting = not self.layout_start.observe(deployments) and not self.draining
+        state = ("draining" if self.draining else "starting" if starting else "ok" if complete
+                 else "degraded" if serving else "failed")
         body = {"status": state, "replicas_target": self.config.replicas, "replicas_healthy": healthy,
                 **total, "replicas": replicas}
         if self.config.disaggregated:
             body |= {"verifier_replicas_target": self.config.verifier_replicas,
                      "verifier_replicas_healthy": verifiers_healthy, "verifier_replicas": verifiers}
-        return JSONResponse(body, status_code=200 if serving and not self.draining else 503)
+        if starting:
+            body["waiting_for"] = await self._waiting_for(deployments)
+        return JSONResponse(body, status_code=200 if state in SERVING_STATES else 503)
+
+    def _deployments(self, replicas: int, verifiers: int) -> list[DeploymentCount]:
+        """How many replicas of each deployment answered, of how many (the ingress is the one answering)."""
+        config = self.config
+        search = DeploymentCount("search replicas", replicas, config.replicas,
+                                 {"CPU": config.replica_cpus, "GPU": config.replica_gpus})
+        if not config.disaggregated:
+            return [search]
+        return [search, DeploymentCount("PRM replicas", verifiers, config.verifier_replicas,
+                                        {"CPU": config.verifier_cpus, "GPU": config.verifier_gpus})]
+
+    async def _waiting_for(self, deployments: list[DeploymentCount]) -> list[str]:
+        """What a layout not yet whole waits for, logged when that changes."""
+        waiting = waiting_for(deployments, *await cluster_resources())
+        if waiting != self.last_waiting:
+            log.info("the Ray layout is starting: %s", "; ".join(waiting))
+            self.last_waiting = waiting
+        return waiting
 
     async def prometheus(self) -> PlainTextResponse:
         statuses = await self._poll()
