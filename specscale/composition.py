@@ -10,7 +10,8 @@ A description names what to build and carries its kind's builder (`StackDescript
 - `sim/simulation.py` `SimulationConfig`: the simulator (`Simulation`). The serving path never imports
   `specscale/sim/`, which is why a description carries its builder rather than this module naming them all.
 
-A new backend (vLLM, say) is one more frozen description whose `build` composes its parts. Every builder
+A new backend is one more frozen description whose `build` composes its parts: vLLM's is
+`vllm_backend/stack.py` `VllmPipelineConfig` (docs/design.md, "vLLM backend"). Every builder
 resolves its `DeviceProperties` once, through `device_resolver.py`, before it builds an engine, and the
 stack hands the value down (the row budget to the generator engine, the LV threshold to each runtime).
 """
