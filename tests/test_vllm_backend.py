@@ -38,7 +38,7 @@ from specscale.vllm_backend.generator import VllmGenerator
 from specscale.vllm_backend.sequence import SegmentRules, VllmSequence, lane_seeds_for
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-NEEDS_VLLM = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (pip install -e '.[vllm]')")
+NEEDS_VLLM = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (docs/gpu.md: .venv-vllm)")
 
 
 # ---- engine arguments and the missing-vLLM line ----------------------------------------------------
@@ -248,7 +248,7 @@ def test_row_budget_holds_speculative_sequences(tokenizer):
 @pytest.fixture(scope="module")
 def stack():
     if not HAS_VLLM:
-        pytest.skip("vLLM is not installed here (pip install -e '.[vllm]')")
+        pytest.skip("vLLM is not installed here (docs/gpu.md: .venv-vllm)")
     from specscale.composition import build_stack
     from specscale.pipeline import PipelineConfig
     from specscale.vllm_backend.stack import VllmPipelineConfig

@@ -19,7 +19,7 @@ from specscale.vllm_backend.stack import BACKENDS, VllmPipelineConfig
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="engine", choices=BACKENDS,
                         help="engine: SpecScale's own engine; vllm: vLLM's V1 engine in this process "
-                             "(pip install -e '.[vllm]'; docs/gpu.md) for the generator and the PRM")
+                             "(optional: docs/gpu.md) for the generator and the PRM")
     parser.add_argument("--generator-backend", default=None, choices=BACKENDS, help="the generator's (default: --backend)")
     parser.add_argument("--verifier-backend", default=None, choices=BACKENDS, help="the PRM's (default: --backend)")
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
