@@ -84,13 +84,13 @@ def test_summary_pairs_presets_by_problem_and_seed():
     assert "| specscale | 8 | 75.0 | [46.7, 100.0] | 75.0 | 0.00 | +25.0 | [-24.0, +74.0] | 20.0 |" in table
 
 
-def test_eval_refuses_bad_arguments(tmp_path):
-    with pytest.raises(SystemExit, match="unknown preset"):
-        main(["eval", "--dataset", "gsm8k", "--preset", "beam,nope", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="multiple of beam_width"):
-        main(["eval", "--dataset", "gsm8k", "--beam-size", "6", "--beam-width", "4", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="must be >= 1"):
-        main(["eval", "--dataset", "gsm8k", "--problems", "0", "--out", str(tmp_path)])
+def test_eval_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+    for options, expected in ((["--preset", "beam,nope"], "unknown preset(s) nope"),
+                              (["--beam-size", "6", "--beam-width", "4"], "multiple of beam_width"),
+                              (["--problems", "0"], "must be >= 1")):
+        assert main(["eval", "--dataset", "gsm8k", *options, "--out", str(tmp_path)]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("specscale eval: error: ") and expected in lines[0], lines
     with pytest.raises(SystemExit):
         main(["eval", "--dataset", "math", "--out", str(tmp_path)])
 
