@@ -5,10 +5,12 @@ shows only the new one. `specscale simulate` takes only what a simulation reads.
 from __future__ import annotations
 
 import argparse
+import shlex
 
 import pytest
 
 from specscale.cli import build_parser, main
+from specscale_lab.bench.outputs import command_line
 
 # (command, the options it needs to parse, new name, former name, value)
 RENAMED = [
@@ -74,3 +76,11 @@ def test_simulate_refuses_a_real_hardware_option_in_one_line(option, capsys):
 def test_bench_keeps_the_real_hardware_options():
     text = help_text(["bench", "throughput"])
     assert all(f"{flag} " in text for flag in REAL_HARDWARE)
+
+
+def test_a_recorded_simulate_command_parses_back_to_the_same_settings():
+    """A simulated run records `--backend sim` (its namespace holds it): simulate accepts that one backend."""
+    args = build_parser().parse_args(["simulate", "throughput", "--quick", "--beam-sizes", "4"])
+    recorded = shlex.split(command_line("throughput", args, "specscale simulate"))
+    again = build_parser().parse_args(recorded[1:])
+    assert {k: v for k, v in vars(again).items() if k != "func"} == {k: v for k, v in vars(args).items() if k != "func"}
