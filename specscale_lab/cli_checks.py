@@ -118,3 +118,10 @@ def flags_text(flags: dict, flag_names: dict[str, str]) -> str:
 def option_of(field: str) -> str:
     """`beam_size` -> `--beam-size`."""
     return "--" + field.replace("_", "-")
+
+
+def non_empty_question(text: str) -> str:
+    """An argparse type for `--question`: a question with some text (the server refuses an empty one too)."""
+    if not text.strip():
+        raise UsageError("--question: a question must have some text")
+    return text

@@ -7,6 +7,7 @@ tokens per second and where the time went. The `searches:` progress bar is drawn
 
 from __future__ import annotations
 
+import sys
 import time
 
 from tqdm import tqdm
@@ -20,7 +21,7 @@ from specscale.usage_error import UsageError
 from specscale.vllm_backend.engine_args import VllmBackendError
 from specscale.vllm_backend.selection import add_backend_arguments, stack_description
 from specscale_lab.bench.arguments import given_search_flags
-from specscale_lab.cli_checks import check_model_folders, check_search_settings
+from specscale_lab.cli_checks import check_model_folders, check_search_settings, non_empty_question
 from specscale_lab.tasks.toy import is_correct, toy_problems
 
 
@@ -28,7 +29,7 @@ def add_solve(sub) -> None:
     p = sub.add_parser("solve", help="solve questions with PRM-guided search (default: toy test problems)")
     p.add_argument("--preset", default="specscale", type=preset_argument,
                    help=f"a preset or preset[field=value,...] (presets: {', '.join(sorted(PRESETS))})")
-    p.add_argument("--question", action="append", help="a question (repeatable); default: toy test problems")
+    p.add_argument("--question", action="append", type=non_empty_question, help="a question (repeatable); default: toy test problems")
     p.add_argument("--problems", type=int, default=16, help="how many toy test problems")
     p.add_argument("--beam-size", type=int, default=None, help="N (default: the preset's)")
     p.add_argument("--beam-width", type=int, default=None, help="M, children per retained path (default: the preset's)")
@@ -51,6 +52,8 @@ def run_solve(args) -> int:
     check_search_settings(args.preset, given_search_flags(args))
     pipeline_config = PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
                                      device=args.device, kernels=args.kernels)
+    print(f"specscale solve: loading {args.generator} and {args.prm} ({args.preset}; a first start on this machine "
+      "also compiles kernels and profiles the PRM)", file=sys.stderr, flush=True)
     try:
         pipeline = build_stack(stack_description(args, pipeline_config))
     except VllmBackendError as error:  # vLLM missing, a bad --vllm-arg, a model vLLM cannot run: one line

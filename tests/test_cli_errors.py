@@ -42,6 +42,8 @@ def test_solve_with_a_bad_model_folder_fails_in_one_line(capsys):
     assert "--generator /nonexistent/model" in one_error_line(capsys, "specscale solve")
     assert main(["solve", "--beam-size", "-4", "--problems", "1"]) == 2
     assert "beam_size" in one_error_line(capsys, "specscale solve")
+    assert main(["solve", "--question", "  "]) == 2
+    assert "--question" in one_error_line(capsys, "specscale solve")
 
 
 @pytest.mark.parametrize("command", [["simulate", "throughput"], ["bench", "latency", "--out", "unused"]])
