@@ -145,7 +145,7 @@ DEFAULT_LV_THRESHOLD = 2048
 
 
 def resolve_lv_threshold(override: int | None, profiled: int | None, modelled: int | None = None) -> int:
-    """The lazy-verification threshold a stack hands its runtimes: the override (`--lv-threshold-tokens`),
+    """The lazy-verification threshold a stack hands its runtimes: the override (`--lv-threshold`),
     else the PRM's knee measured on this device (`specscale profile-prm`'s file), else its knee on the
     device's cost model (costmodel/prm_knee.py: a simulated PRM's, or a real PRM's never profiled here), else
     DEFAULT_LV_THRESHOLD. The one rule of this property (device_resolver.py)."""
