@@ -39,3 +39,18 @@ def test_the_check_sees_a_missing_and_a_stale_module():
     assert named(text, "search/search.py") and not named(text, "search/tree.py")
     assert not named(text, "search.py")  # a bare file name does not count for a path
     assert "search/gone.py" in PATH.findall(text)
+
+
+def package_map(text: str) -> str:
+    """The package map: the page's first table, under "## The package map"."""
+    start = text.index("## The package map")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_the_package_map_names_every_package_and_top_level_module():
+    """Each package of `specscale/` (a folder with an `__init__.py`) and each module beside them has a row."""
+    rows = package_map(DOC.read_text())
+    root = ROOT / "specscale"
+    packages = [p.name + "/" for p in root.iterdir() if (p / "__init__.py").is_file()]
+    modules = [p.name for p in root.glob("*.py") if p.name != "__init__.py"]
+    assert [name for name in sorted(packages + modules) if f"`{name}`" not in rows] == []
