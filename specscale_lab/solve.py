@@ -47,6 +47,21 @@ def add_solve(sub) -> None:
     p.set_defaults(func=run_solve)
 
 
+def run_counting(runtime, requests: list, bar: tqdm) -> list:
+    """runtime.run with the bar; an interrupt says how many searches had finished (`cli.py` prints it)."""
+    finished = 0
+
+    def advance(count: int) -> None:
+        nonlocal finished
+        finished += count
+        bar.update(count)
+
+    try:
+        return runtime.run(requests, progress=advance)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM (cli.Terminated): the same kind, with the count
+        raise type(interrupt)(f"after {finished} of {len(requests)} searches") from None
+
+
 def run_solve(args) -> int:
     check_model_folders(args)
     check_search_settings(args.preset, given_search_flags(args))
@@ -67,7 +82,7 @@ def run_solve(args) -> int:
     runtime = pipeline.runtime()
     start = time.perf_counter()
     with tqdm(total=len(requests), desc="searches", unit="req", disable=None) as bar:  # None: off unless a TTY
-        results = runtime.run(requests, progress=bar.update)
+        results = run_counting(runtime, requests, bar)
     elapsed = time.perf_counter() - start
     correct = 0
     for i, (question, result) in enumerate(zip(questions, results, strict=True)):

@@ -143,3 +143,26 @@ def test_cells_are_reported_line_by_line_where_no_bar_is_drawn():
     drawn = io.StringIO()
     CellLines(4, drawn=True, stream=drawn).cells_done(1)
     assert drawn.getvalue() == ""
+
+
+def test_an_interrupted_solve_says_how_many_searches_had_finished():
+    from specscale_lab.solve import run_counting
+
+    class Runtime:  # finishes two searches, then the user presses Ctrl-C (or the process gets SIGTERM)
+        def __init__(self, interrupt: KeyboardInterrupt):
+            self.interrupt = interrupt
+
+        def run(self, requests, progress):
+            progress(1)
+            progress(1)
+            raise self.interrupt
+
+    class Bar:
+        def update(self, count: int) -> None:
+            pass
+
+    for interrupt, status in ((KeyboardInterrupt(), 130), (Terminated(), 143)):
+        with pytest.raises(KeyboardInterrupt) as raised:
+            run_counting(Runtime(interrupt), ["q"] * 5, Bar())
+        assert interrupted_text(raised.value) == "interrupted after 2 of 5 searches"
+        assert interrupted_status(raised.value) == status
