@@ -109,6 +109,8 @@ class Pipeline(Stack):
     """verifier: a verifier served elsewhere (`scaleout/remote_verifier.py`, docs/scale-out.md), which must
     also carry the PRM's `format` and `max_input_tokens`; None builds the PRM verifier in this process."""
 
+    engine: Engine  # the generator always runs on our engine here
+
     def __init__(self, config: PipelineConfig = PipelineConfig(), clock=None, verifier: VerifierBackend | None = None):
         self.config = config
         device = device_properties(config, prm_is_local=verifier is None)
@@ -118,7 +120,7 @@ class Pipeline(Stack):
             spare_rows=device.spare_rows, kernels=config.kernels,
         ))
         super().__init__(engine, verifier or build_verifier(config), clock or time.perf_counter, device,
-                         config.max_concurrency)
+                         config.max_concurrency, engine.tokenizer, engine.max_model_len)
 
     def kernels(self) -> dict:
         """The machine and the path of every hot path of each model (model/kernel_choice.py), as /health reports it."""
@@ -135,9 +137,9 @@ class Pipeline(Stack):
         return memory
 
     def prompt_ids(self, question: str) -> list[int]:
-        chat = render_chat_text(self.engine.tokenizer, chat_messages(question, self.config.system_prompt),
+        chat = render_chat_text(self.tokenizer, chat_messages(question, self.config.system_prompt),
                                 add_generation_prompt=True)
-        return chat.encode(self.engine.tokenizer, trusted=self.config.trust_special_tokens)
+        return chat.encode(self.tokenizer, trusted=self.config.trust_special_tokens)
 
     def request(self, question: str, config: SearchConfig, request_id: str | None = None) -> SearchRequest:
         return SearchRequest(question, self.prompt_ids(question), config, request_id)

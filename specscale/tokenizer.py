@@ -12,6 +12,7 @@ import re
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import Protocol
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -37,6 +38,21 @@ def _token_content(value) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value
+
+
+class ChatTokenizer(Protocol):
+    """What a stack's readers use of its generator's tokenizer (`stack.py` `Stack.tokenizer`, `chat_text.py`):
+    this module's `Tokenizer` and the simulator's `sim/tokenizer.py` `SyntheticTokenizer`."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+    def encode_text(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+    def token_to_id(self, token: str) -> int | None: ...
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str: ...
 
 
 class Tokenizer:

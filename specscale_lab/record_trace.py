@@ -97,7 +97,7 @@ def record(testbed: Testbed, args, problems: list, grade) -> list[TraceRequest]:
     runtime = fresh_runtime(testbed, args.max_concurrency)
     with progress_bar(len(requests), f"trace {args.preset}") as bar:
         run_batch(runtime, requests, bar)
-    tokenizer = testbed.engine.tokenizer
+    tokenizer = testbed.stack.tokenizer
     return [trace_request(r.request_id, runtime.search(r.request_id), p.question, len(r.prompt_ids), tokenizer,
                           gold_of(p), grade, keep_token_ids=not args.no_token_ids)
             for r, p in zip(requests, problems, strict=True)]

@@ -302,3 +302,45 @@ def test_vllm_scores_equal_ours(stack):
         assert a.num_steps == b.num_steps and len(a.step_scores) == len(b.step_scores)
         assert a.step_scores == pytest.approx(b.step_scores, abs=0.03)  # bf16 on both
     ours.close()
+
+
+# ---- `specscale bench` and `specscale eval` on vLLM --------------------------------------------
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: the missing-vLLM line is for the project venv")
+@pytest.mark.parametrize("command", [
+    ["bench", "throughput", "--backend", "vllm", "--quick"],
+    ["eval", "--dataset", "gsm8k", "--problems", "1", "--backend", "vllm"],
+])
+def test_bench_and_eval_without_vllm_are_one_line(command, tmp_path, capsys):
+    from specscale.cli import main
+
+    out = tmp_path / "out"
+    assert main([*command, "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert INSTALL_HINT in error and "\n" not in error
+    assert not out.exists()  # refused before anything loads or is written
+
+
+@pytest.mark.parametrize("flag", [["--vllm-arg", "seed=1"], ["--generator-backend", "vllm"]])
+def test_bench_sim_refuses_the_vllm_selection(flag, tmp_path, capsys):
+    from specscale.cli import main
+
+    assert main(["bench", "throughput", "--backend", "sim", "--quick", "--out", str(tmp_path / "o"), *flag]) == 2
+    assert "--backend sim runs the simulator" in capsys.readouterr().err
+
+
+@NEEDS_VLLM
+def test_bench_throughput_on_vllm(tmp_path, monkeypatch):
+    import json
+
+    from specscale.cli import main
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GB per vLLM engine (docs/gpu.md), not a share of the host
+
+    out = tmp_path / "bench"
+    argv = ["bench", "throughput", "--quick", "--backend", "vllm", "--variants", "beam", "--problems", "2",
+            "--beam-sizes", "4", "--repeats", "1", "--no-profile-prm", "--vllm-arg", "enforce_eager=true",
+            "--vllm-arg", "gpu_memory_utilization=0.3", "--out", str(out)]  # the start-up check's share of the host
+    assert main(argv) == 0
+    run = json.loads((out / "summary.json").read_text())["run"]
+    assert run["backend"] == "vllm" and "on vLLM" in run["vllm"]["backends"]
+    assert "--backend vllm" in run["command"] and "--vllm-arg enforce_eager=true" in run["command"]

@@ -67,7 +67,7 @@ class SearchBuilder:
     def for_stack(cls, stack: Stack, system_prompt: str, settings: ServerSettings) -> SearchBuilder:
         """The builder of a stack's models: the generator's tokenizer and context, the PRM's format and
         context as the verifier seam carries them (runtime/backend.py)."""
-        return cls(stack.engine.tokenizer, system_prompt, stack.engine.max_model_len, stack.verifier.format,
+        return cls(stack.tokenizer, system_prompt, stack.context_tokens, stack.verifier.format,
                    stack.verifier.max_input_tokens, settings)
 
     # ---- endpoints ------------------------------------------------------------------------------

@@ -67,6 +67,8 @@ class SimulationConfig:
 class Simulation(Stack):
     clock: VirtualClock  # the stack's clock is the simulation's virtual one (advanced by both runners)
     verifier: Verifier  # the simulated PRM runs in this process
+    engine: Engine  # the simulated generator runs on our engine
+    tokenizer: SyntheticTokenizer
 
     def __init__(self, config: SimulationConfig = SimulationConfig(), cost_model: CostModel | None = None):
         self.config = config
@@ -79,8 +81,9 @@ class Simulation(Stack):
         self.prm_format = config.prm_format or format_name_for({"architectures": [self.prm_profile.architecture]})
         self.tokenizer = SyntheticTokenizer("chatml", levels=self.workload.levels)
         device = self._device_properties()
-        super().__init__(self._generator_engine(device.spare_rows), self._verifier(), self.clock, device,
-                         config.max_concurrency)
+        engine = self._generator_engine(device.spare_rows)
+        super().__init__(engine, self._verifier(), self.clock, device, config.max_concurrency, self.tokenizer,
+                         engine.max_model_len)
 
     def _device_properties(self) -> DeviceProperties:
         """Through the resolver the real stack calls too (device_resolver.py); nothing is measured here."""

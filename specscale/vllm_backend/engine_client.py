@@ -106,6 +106,10 @@ class VllmEngineClient:
         total = pool.num_gpu_blocks - 1
         return KVUsage(total - pool.get_num_free_blocks(), total)
 
+    def reset_prefix_cache(self) -> None:
+        """Drop vLLM's cached prefixes (between runs, when no request is running: vLLM refuses otherwise)."""
+        self.engine.reset_prefix_cache()
+
     def close(self) -> None:
         unfinished = [r for r in list(self.engine.output_processor.request_states)]
         if unfinished:

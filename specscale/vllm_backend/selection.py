@@ -1,6 +1,7 @@
 """Which backends a command runs on: `--backend engine|vllm` (both), `--generator-backend` /
 `--verifier-backend` (each apart, default `--backend`'s) and `--vllm-arg key=value` (repeatable: vLLM's engine
-arguments, `engine_args.py`), for `specscale solve` and `specscale serve`.
+arguments, `engine_args.py`), for `specscale solve`, `serve` and `eval`; `specscale bench` takes the last three
+(`add_vllm_selection_arguments`) beside its own `--backend real|sim|vllm`.
 
 `stack_description` turns them into the description `composition.py` `build_stack` builds: the plain
 `PipelineConfig` when both are our engine, else a `VllmPipelineConfig`. It checks before anything loads:
@@ -20,6 +21,11 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="engine", choices=BACKENDS,
                         help="engine: SpecScale's own engine; vllm: vLLM's V1 engine in this process "
                              "(optional: docs/gpu.md) for the generator and the PRM")
+    add_vllm_selection_arguments(parser)
+
+
+def add_vllm_selection_arguments(parser: argparse.ArgumentParser) -> None:
+    """--generator-backend, --verifier-backend (each default: --backend's) and --vllm-arg."""
     parser.add_argument("--generator-backend", default=None, choices=BACKENDS, help="the generator's (default: --backend)")
     parser.add_argument("--verifier-backend", default=None, choices=BACKENDS, help="the PRM's (default: --backend)")
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",

@@ -60,14 +60,6 @@ class VllmPipelineConfig:
         return VllmStack(self)
 
 
-@dataclass(frozen=True)
-class GeneratorView:
-    """What the server reads of a stack's generator (`SearchBuilder.for_stack`): its tokenizer and context."""
-
-    tokenizer: Tokenizer
-    max_model_len: int
-
-
 def device_properties(config: VllmPipelineConfig) -> DeviceProperties:
     """The stack's device properties through the shared resolver: the cost model's row budget (vLLM's decode
     was never measured here), the PRM's profiled knee if this machine has one, else its knee on the cost model."""
@@ -83,27 +75,26 @@ def device_properties(config: VllmPipelineConfig) -> DeviceProperties:
 
 
 class VllmStack(Stack):
-    """A stack whose generator is vLLM's (or ours) and whose verifier is vLLM's (or ours)."""
+    """A stack whose generator is vLLM's (or ours) and whose verifier is vLLM's (or ours). `engine` is ours
+    when the generator runs on it, else None (`Stack.local_engines` then has only the PRM's, if it is ours)."""
+
+    tokenizer: Tokenizer  # the generator checkpoint's own
 
     def __init__(self, config: VllmPipelineConfig, clock=None):
         self.config = config
         p = config.pipeline
         device = device_properties(config)
-        self.tokenizer = Tokenizer(p.generator)
         self.client: VllmEngineClient | None = None
-        our: Pipeline | None = None
         if config.generator_backend == "vllm":
+            tokenizer = Tokenizer(p.generator)
             args = generator_engine_args(p.generator, p.generator_dtype, p.seed, p.max_num_seqs, config.vllm_args)
-            self.client = VllmEngineClient(args, sorted(self.tokenizer.eos_token_ids))
-            view = GeneratorView(self.tokenizer, self.client.max_model_len)
+            self.client = VllmEngineClient(args, sorted(tokenizer.eos_token_ids))
+            super().__init__(None, self._verifier(config), clock or time.perf_counter, device, p.max_concurrency,
+                             tokenizer, self.client.max_model_len)
         else:
             our = Pipeline(replace(p, profile_prm=False), verifier=self._verifier(config))
-            view = GeneratorView(our.engine.tokenizer, our.engine.max_model_len)
-        self.our_pipeline = our
-        verifier = our.verifier if our is not None else self._verifier(config)
-        # the server reads `engine.tokenizer` / `engine.max_model_len` only: a view, not an engine of ours
-        super().__init__(our.engine if our is not None else view,  # type: ignore[arg-type]
-                         verifier, clock or time.perf_counter, device, p.max_concurrency)
+            super().__init__(our.engine, our.verifier, clock or time.perf_counter, device, p.max_concurrency,
+                             our.tokenizer, our.context_tokens)
 
     @staticmethod
     def _verifier(config: VllmPipelineConfig) -> VerifierBackend:
@@ -113,15 +104,18 @@ class VllmStack(Stack):
 
         return VllmVerifier.from_config(config.pipeline, config.vllm_args)
 
-    def local_engines(self) -> list:
-        """Our engines in this process (none of vLLM's: they warm themselves)."""
-        return [] if self.our_pipeline is None else self.our_pipeline.local_engines()
-
     def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
-        if self.client is None:
-            assert self.our_pipeline is not None
-            return self.our_pipeline.backends()
+        if self.client is None:  # the generator on our engine
+            return super().backends()
         return VllmGenerator(self.client, self.tokenizer, self.device.spare_rows), self.verifier
+
+    def forget_cached_prefixes(self) -> None:
+        super().forget_cached_prefixes()
+        if self.client is not None:
+            self.client.reset_prefix_cache()
+
+    def generator_kv_blocks(self) -> int:
+        return super().generator_kv_blocks() if self.client is None else self.client.kv_usage.total_blocks
 
     def describe(self) -> str:
         """The start-up line of `specscale serve`: which backend runs each model."""

@@ -15,6 +15,7 @@ from specscale.pipeline import PipelineConfig
 from specscale.search.presets import split_variants
 from specscale.sim.simulation import SimulationConfig
 from specscale.usage_error import UsageError
+from specscale.vllm_backend.selection import add_vllm_selection_arguments
 from specscale_lab.calibration.workload_choice import DATASET_CHOICES
 from specscale_lab.cli_checks import check_sweep_settings
 
@@ -24,6 +25,7 @@ DEFAULT_CONCURRENCY = 32  # the evaluation's load: at most 32 requests in flight
 SIMULATED_REPEATS = 1  # a simulation is deterministic under its seed: a repeat would replay the same run
 SWEEP_LV_PRESET = "specscale"  # what sweep-lv sweeps
 SIMULATOR = "sim"  # the --backend of a simulation
+VLLM = "vllm"  # the --backend of the real models on vLLM's engine
 KV_POOLS = "the KV pools come from --hardware's memory and --prm-kv-share"
 PRM_KNEE = "the simulated PRM's LV threshold is its knee on the cost model"
 REAL_HARDWARE_OPTIONS = {  # what `specscale simulate` refuses, and why
@@ -115,8 +117,11 @@ def add_simulation_arguments(parser, dataset_help: str = "workload preset (defau
         add_refused_options(parser)
     else:
         group = parser.add_argument_group("simulation (--backend sim, or `specscale simulate`)")
-        group.add_argument("--backend", choices=("real", "sim"), default="real",
-                           help="real: the checkpoints on this machine; sim: the simulator on a virtual clock")
+        group.add_argument("--backend", choices=("real", SIMULATOR, VLLM), default="real",
+                           help="real: the checkpoints on this machine, on our engine; sim: the simulator on a "
+                                "virtual clock; vllm: the checkpoints on vLLM's engine (optional: docs/gpu.md; "
+                                "--generator-backend, --verifier-backend, --vllm-arg as `specscale solve` takes them)")
+        add_vllm_selection_arguments(parser)
     group.add_argument("--hardware", default="cpu",
                        help=f"bundled hardware profile ({', '.join(bundled_hardware())}) or a profile JSON path")
     dataset = group.add_argument("--dataset", choices=DATASET_CHOICES, default=None, help=dataset_help)

@@ -56,7 +56,7 @@ def run(args) -> int:
     problems = testbed.problems(args.problems)
     waiting = waiting_at_batch_size_one(testbed, args)
     runs, searches = measure(testbed, args, problems)
-    tokenizer = testbed.engine.tokenizer
+    tokenizer = testbed.stack.tokenizer
     beam_searches = [s for (variant, _), found in searches.items() if variant == "beam" for s in found]
     extra = {
         "waiting_batch_size_1": waiting,

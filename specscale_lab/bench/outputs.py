@@ -15,10 +15,15 @@ from pathlib import Path
 from specscale_lab.bench.machine import QUIET_CPU, git_commit, machine_info, other_cpu_busy
 from specscale_lab.bench.testbed import Testbed
 
+VLLM_SELECTION = frozenset({"generator_backend", "verifier_backend", "vllm_arg"})  # what only vLLM runs read
+SIMULATION_ONLY = frozenset({"hardware", "dataset", "workload", "prm_kv_share", "perfect_share"})
 IGNORED_BY_BACKEND = {  # options a backend does not read (left out of the recorded command line)
-    "real": frozenset({"backend", "hardware", "dataset", "workload", "prm_kv_share", "perfect_share"}),
-    "sim": frozenset({"kv_gb", "prm_kv_gb", "device", "dtype"}),
+    "real": SIMULATION_ONLY | VLLM_SELECTION | {"backend"},
+    "sim": VLLM_SELECTION | {"kv_gb", "prm_kv_gb", "device", "dtype"},
+    "vllm": SIMULATION_ONLY,
 }
+IGNORED_BY_BACKEND["engine"] = IGNORED_BY_BACKEND["real"]  # `eval --backend engine|vllm` (solve's flags)
+REPEATABLE = frozenset({"vllm_arg"})  # options given once per value (action="append")
 SWITCHES_ON_BY_DEFAULT = frozenset({"profile_prm"})  # --X / --no-X options (argparse.BooleanOptionalAction)
 
 
@@ -56,6 +61,8 @@ def command_line(name: str, args, command: str = "specscale bench") -> str:
             parts += [f"--no-{flag[2:]}"] if key in SWITCHES_ON_BY_DEFAULT else []
         elif value is True:
             parts.append(flag)
+        elif key in REPEATABLE:
+            parts += [part for item in value for part in (flag, str(item))]
         elif isinstance(value, (list, tuple)):
             parts += [flag, ",".join(map(str, value))]
         else:
@@ -100,9 +107,16 @@ def kernels_markdown(info: dict) -> str:
     kernels = info.get("kernels") or {}
     if not kernels:
         return ""
-    paths = "; ".join(f"{role}: linears {report.get('linear_paths')}, attention {report.get('attention')}, "
-                      f"prefill attention {report.get('prefill_attention')}" for role, report in kernels.items())
+    paths = "; ".join(role_kernels(role, report) for role, report in kernels.items())
     return f"Machine: {info['machine'].get('isa', '')}. Kernels ({paths}).\n\n"
+
+
+def role_kernels(role: str, report: dict | str) -> str:
+    """One model's kernel paths (our engine's report), or the engine that runs it (vLLM's: `VllmStack.kernels`)."""
+    if isinstance(report, str):
+        return f"{role}: {report}"
+    return (f"{role}: linears {report.get('linear_paths')}, attention {report.get('attention')}, "
+            f"prefill attention {report.get('prefill_attention')}")
 
 
 def simulated_markdown(info: dict) -> str:

@@ -1,5 +1,6 @@
-"""A sub-command's runs: the testbed the options name (`open_testbed`: checkpoints, `--backend real`, or the
-simulator, `--backend sim`, each through `specscale/composition.py` `build_stack`), a fresh runtime per run
+"""A sub-command's runs: the testbed the options name (`open_testbed`: checkpoints, `--backend real` on our engine
+or `--backend vllm` on vLLM's, or the simulator, `--backend sim`, each through `specscale/composition.py`
+`build_stack`), a fresh runtime per run
 (`fresh_runtime`: the PRM's step-prefix cache and the engines' free prefixes emptied, so no run inherits
 another's work), one batch of requests served at once and timed on the stack's clock (`run_batch`), the
 requests with paired seeds (`search_requests`, `paired_seed`: the same sampling seed for a problem in every
@@ -8,6 +9,7 @@ spell on a shared machine hits all variants alike)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -27,7 +29,11 @@ from specscale.search.presets import preset_config
 from specscale.search.result import SearchResult
 from specscale.sim.simulation import Simulation, SimulationConfig
 from specscale.stack import Stack
+from specscale.usage_error import UsageError
 from specscale.verify.prm import Verifier
+from specscale.vllm_backend.engine_args import VllmBackendError
+from specscale.vllm_backend.selection import stack_description
+from specscale.vllm_backend.stack import VllmPipelineConfig, VllmStack
 from specscale_lab.bench.arguments import apply_mode_defaults, given_search_flags
 from specscale_lab.bench.outputs import run_info
 from specscale_lab.bench.testbed import PROBLEM_SET_SEED, RealTestbed, SimulatedTestbed, Testbed
@@ -36,21 +42,47 @@ from specscale_lab.tasks.toy import ToyProblem, toy_problems
 
 Cell = TypeVar("Cell")  # what `interleaved` runs: a (variant, beam size, ...) tuple of the sub-command's
 SEED_STRIDE = 1_000_003  # paired_seed: seed s of problem i is s * SEED_STRIDE + i
+VLLM_SELECTION = ("generator_backend", "verifier_backend", "vllm_arg")  # what only real models read
 
 
 def open_testbed(args) -> Testbed:
-    """The testbed `--backend` names: checkpoints (`open_pipeline`) or the simulator (`open_simulation`)."""
+    """The testbed `--backend` names: checkpoints (`open_pipeline`: our engine or vLLM's) or the simulator
+    (`open_simulation`)."""
     if getattr(args, "backend", "real") == "sim":
+        refuse_vllm_selection(args)
         return SimulatedTestbed(open_simulation(args))
     return RealTestbed(open_pipeline(args))
 
 
-def open_pipeline(args, **fields) -> Pipeline:
-    """The stack on checkpoints the options describe, built once per sub-command (torch's CPU threads as
-    --threads says); `fields` sets further `PipelineConfig` fields (system prompt)."""
+def refuse_vllm_selection(args) -> None:
+    given = [name for name in VLLM_SELECTION if getattr(args, name, None)]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise UsageError(f"{flags}: the real models' backends; --backend sim runs the simulator")
+
+
+def open_pipeline(args, **fields) -> Pipeline | VllmStack:
+    """The stack on checkpoints the options describe (our engine, or vLLM's: `real_stack_description`), built
+    once per sub-command (torch's CPU threads as --threads says); `fields` sets further `PipelineConfig` fields
+    (system prompt)."""
+    description = real_stack_description(args, pipeline_config(args, **fields))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    return build_stack(pipeline_config(args, **fields))
+    try:
+        return build_stack(description)
+    except VllmBackendError as error:  # a model vLLM cannot run, memory it cannot take: one line
+        raise UsageError(str(error)) from None
+
+
+def real_stack_description(args, config: PipelineConfig) -> PipelineConfig | VllmPipelineConfig:
+    """`solve`'s backend selection (`vllm_backend/selection.py`) over bench's `--backend real|vllm` (or eval's
+    `engine|vllm`): vLLM missing, a bad --vllm-arg are one line (exit 2) before anything loads."""
+    backend = getattr(args, "backend", "real")
+    selection = argparse.Namespace(**{**vars(args), "backend": "engine" if backend == "real" else backend})
+    try:
+        return stack_description(selection, config)
+    except VllmBackendError as error:
+        raise UsageError(str(error)) from None
 
 
 def open_simulation(args) -> Simulation:
@@ -92,8 +124,7 @@ def fresh_runtime(stack: Testbed | Stack, max_concurrency: int, **options) -> Se
     stand-ins for the backends, callbacks)."""
     if isinstance(stack.verifier, Verifier):  # no run may reuse PRM prefixes another variant computed
         stack.verifier.clear()
-    for engine in stack.local_engines():  # nor blocks another run left in an engine's prefix cache: each run
-        engine.forget_free_prefixes()   # computes its questions' KV, as the first one did
+    stack.forget_cached_prefixes()  # nor blocks another run left in an engine's prefix cache (ours or vLLM's)
     return stack.runtime(max_concurrency, **options)
 
 

@@ -35,7 +35,7 @@ def run(args) -> int:
     testbed, info, started = start_run(NAME, args, FULL, QUICK)
     cells = sweep_cells(args)
     runs = measure(testbed, args, cells)
-    total_blocks = testbed.engine.block_manager.num_blocks
+    total_blocks = testbed.stack.generator_kv_blocks()
     testbed.close()
     results = summarize(runs, cells, total_blocks)
     info = finish_info(info, started)

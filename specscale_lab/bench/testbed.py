@@ -7,8 +7,9 @@ engines, the verifier, the clock and the device properties (LV threshold, specul
 `Stack`'s, resolved there once; a `Testbed` adds only what differs between a real and a simulated run:
 where the problems come from, how a question becomes a request, what "waiting" means for an open-loop
 benchmark (sleep or advance the virtual clock), and what the run record says about the models.
-`RealTestbed` serves the bundled toy problems on checkpoints and the wall clock; `SimulatedTestbed` serves
-the simulator's problems on the simulated models and the virtual clock.
+`RealTestbed` serves the bundled toy problems on checkpoints and the wall clock (on our engine, or on vLLM's:
+`--backend vllm`, a `vllm_backend/stack.py` `VllmStack`); `SimulatedTestbed` serves the simulator's problems
+on the simulated models and the virtual clock.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ from pathlib import Path
 
 from specscale.config import SearchConfig
 from specscale.engine.engine import Engine
-from specscale.pipeline import Pipeline
+from specscale.pipeline import Pipeline, PipelineConfig
 from specscale.runtime.backend import GeneratorBackend, VerifierBackend
 from specscale.runtime.device_properties import DeviceProperties
 from specscale.runtime.runtime import SearchRequest, SearchRuntime
 from specscale.sim.simulation import Simulation
 from specscale.stack import Stack
+from specscale.tokenizer import ChatTokenizer
 from specscale.verify.prm import Verifier
+from specscale.vllm_backend.stack import VllmStack
 from specscale_lab.tasks.toy import toy_problems
 
 PROBLEM_SET_SEED = 0  # every sub-command draws its problems from the same held-out set
@@ -44,9 +47,13 @@ class Testbed(ABC):
 
     # ---- the composition root's, as it resolved them -------------------------------------------------
     @property
-    def engine(self) -> Engine:
-        """The generator engine (its block manager, scheduler and tokenizer are reported)."""
+    def engine(self) -> Engine | None:
+        """The generator engine when it is ours (None on vLLM)."""
         return self.stack.engine
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        return self.stack.tokenizer
 
     @property
     def verifier(self) -> VerifierBackend:
@@ -68,6 +75,9 @@ class Testbed(ABC):
     def local_engines(self) -> list[Engine]:
         return self.stack.local_engines()
 
+    def forget_cached_prefixes(self) -> None:
+        self.stack.forget_cached_prefixes()
+
     def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
         return self.stack.backends()
 
@@ -77,7 +87,7 @@ class Testbed(ABC):
     def describe(self) -> dict:
         """What the run record says about the models and the device properties."""
         return {**self.describe_models(), "lv_threshold_tokens": self.device.lv_threshold_tokens,
-                "kv_blocks": self.engine.block_manager.num_blocks, "spare_rows": self.device.spare_rows}
+                "kv_blocks": self.stack.generator_kv_blocks(), "spare_rows": self.device.spare_rows}
 
     # ---- the workload: each testbed's own ------------------------------------------------------------
     @abstractmethod
@@ -98,14 +108,20 @@ class Testbed(ABC):
 
 
 class RealTestbed(Testbed):
-    """A `Pipeline` on checkpoints, serving the toy task's held-out problems on the wall clock."""
+    """Checkpoints — a `Pipeline` (our engine) or a `VllmStack` (vLLM's) — serving the toy task's held-out
+    problems on the wall clock."""
 
     warms_up = True
     difficulty_unit = "events"
 
-    def __init__(self, pipeline: Pipeline):
+    def __init__(self, pipeline: Pipeline | VllmStack):
         super().__init__(pipeline)
         self.pipeline = pipeline
+
+    @property
+    def config(self) -> PipelineConfig:
+        """The models and how they are served (a `VllmStack`'s within its vLLM description)."""
+        return self.pipeline.config.pipeline if isinstance(self.pipeline, VllmStack) else self.pipeline.config
 
     def problems(self, count: int) -> list:
         return toy_problems("test", count, seed=PROBLEM_SET_SEED)
@@ -120,12 +136,18 @@ class RealTestbed(Testbed):
         time.sleep(max(until - self.clock(), 0.0))
 
     def describe_models(self) -> dict:
-        generator, prm = self.pipeline.config.generator, self.pipeline.config.prm
-        models = {"generator": str(Path(generator).resolve()), "prm": str(Path(prm).resolve()),
-                  "generator_dtype": _dtype(self.engine)}
+        models = {"generator": str(Path(self.config.generator).resolve()), "prm": str(Path(self.config.prm).resolve())}
+        if self.engine is not None:  # vLLM's dtype is its own (its log says it)
+            models["generator_dtype"] = _dtype(self.engine)
         if isinstance(self.verifier, Verifier):  # a PRM served in this process (a remote one reports its own)
             models["prm_dtype"] = _dtype(self.verifier.engine)
-        return {"backend": "real", "models": models, "kernels": self.pipeline.kernels()}
+        return {"backend": "real", "models": models, "kernels": self.pipeline.kernels(), **self.vllm_record()}
+
+    def vllm_record(self) -> dict:
+        """On vLLM: the backend of each model and the engine arguments given (nothing on our engine)."""
+        if not isinstance(self.pipeline, VllmStack):
+            return {}
+        return {"backend": "vllm", "vllm": {"backends": self.pipeline.describe(), "vllm_args": self.pipeline.config.vllm_args}}
 
 
 class SimulatedTestbed(Testbed):

@@ -19,12 +19,14 @@ from pathlib import Path
 from specscale.cli import UsageError, interrupted_status
 from specscale.config import SearchConfig
 from specscale.grading import DATASETS, AnswerGrader, Problem, load_problems, shared_grader
+from specscale.pipeline import PipelineConfig
 from specscale.prompts import MATH_SYSTEM_PROMPT
 from specscale.search.presets import PRESETS, parse_variant, preset_config, split_variants
 from specscale.search.result import SearchResult
+from specscale.vllm_backend.selection import add_backend_arguments, chosen_backends
 from specscale_lab.bench.arguments import DEFAULT_CONCURRENCY, add_model_arguments, given_search_flags
 from specscale_lab.bench.outputs import finish_info, run_info
-from specscale_lab.bench.runs import fresh_runtime, open_pipeline, paired_seed, run_batch
+from specscale_lab.bench.runs import fresh_runtime, open_pipeline, paired_seed, real_stack_description, run_batch
 from specscale_lab.bench.testbed import RealTestbed
 from specscale_lab.cli_checks import check_model_folders, check_search_settings
 from specscale_lab.evaluation.progress import Progress
@@ -56,6 +58,7 @@ def add_eval(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--max-concurrency", type=int, default=DEFAULT_CONCURRENCY, help="searches in flight at most")
     add_model_arguments(p)
+    add_backend_arguments(p)  # as `solve`: --backend engine|vllm, --generator-backend, --verifier-backend, --vllm-arg
     p.set_defaults(func=run_eval, quick=False)
 
 
@@ -97,6 +100,7 @@ def check_arguments(args) -> None:
     if args.seeds < 1 or (args.problems is not None and args.problems < 1):
         raise UsageError(f"--seeds and --problems must be >= 1, got {args.seeds} and {args.problems}")
     check_model_folders(args)
+    real_stack_description(args, PipelineConfig())  # vLLM missing, a bad --vllm-arg
     for preset in args.preset:  # SearchConfig's own checks (beam size a multiple of width...)
         check_search_settings(preset, {**given_search_flags(args), "temperature": args.temperature,
                                        "max_step_tokens": args.max_step_tokens})
@@ -110,7 +114,16 @@ def settings(args) -> dict:
             "prm": str(Path(args.prm).resolve()), "dtype": args.dtype, "beam_size": first.beam_size,
             "beam_width": first.beam_width, "max_rounds": first.max_rounds, "temperature": args.temperature,
             "max_step_tokens": args.max_step_tokens,
-            "filter_duplicates": first.filter_duplicates, "system_prompt": args.system_prompt or MATH_SYSTEM_PROMPT}
+            "filter_duplicates": first.filter_duplicates, "system_prompt": args.system_prompt or MATH_SYSTEM_PROMPT,
+            **backend_settings(args)}
+
+
+def backend_settings(args) -> dict:
+    """Which engine ran each model, where one is vLLM (a folder of our engine's records keeps its settings)."""
+    generator, verifier = chosen_backends(args)
+    if generator == verifier == "engine":
+        return {}
+    return {"generator_backend": generator, "verifier_backend": verifier, "vllm_args": sorted(args.vllm_arg)}
 
 
 def search_config(args, preset: str, seed: int) -> SearchConfig:
