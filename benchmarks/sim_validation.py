@@ -72,7 +72,7 @@ def record_trace(out: Path, problems: int, beam_size: int, variant: str, seed: i
     requests = [pipeline.request(p.question, preset_config(variant, seed=paired_seed(seed, i), **config), f"q{i}")
                 for i, p in enumerate(chosen)]
     runtime.run(requests)
-    tokenizer = pipeline.engine.tokenizer
+    tokenizer = pipeline.tokenizer
     traces = [trace_request(r.request_id, runtime.search(r.request_id), p.question, len(r.prompt_ids), tokenizer,
                             p.answer, grade=lambda answer, gold: answer.strip("$ ") == gold)
               for r, p in zip(requests, chosen, strict=True)]
