@@ -166,3 +166,16 @@ def test_an_interrupted_solve_says_how_many_searches_had_finished():
             run_counting(Runtime(interrupt), ["q"] * 5, Bar())
         assert interrupted_text(raised.value) == "interrupted after 2 of 5 searches"
         assert interrupted_status(raised.value) == status
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("arguments", [
+    ["bench", "throughput", "--quick", "--variants", "beam,specscale", "--out", "bench"],
+    ["eval", "--dataset", "gsm8k", "--preset", "beam", "--problems", "96", "--out", "eval"],
+])
+def test_ctrl_c_stops_bench_and_eval(tmp_path, arguments):
+    process = start(arguments, tmp_path)
+    time.sleep(6.0)  # loading the models, then serving
+    assert process.poll() is None, process.stderr.read()
+    seconds, stderr = stop(process, signal.SIGINT)
+    assert_stopped_cleanly(process, seconds, stderr, 130)

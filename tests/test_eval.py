@@ -30,7 +30,7 @@ def test_eval_runs_resumes_after_an_interruption_and_reports(tmp_path, monkeypat
 
     monkeypatch.setattr(ResultsFolder, "add_record", interrupt_after_one)
     assert main(command) == 130  # the searches in flight are cancelled, their KV freed (conftest checks)
-    assert "run the same command again to resume" in capsys.readouterr().out
+    assert "run the same command again to resume" in capsys.readouterr().err
     first = read_jsonl(out / "records.jsonl")
     assert len(first) == 1 and not (out / "summary.json").exists()
     monkeypatch.setattr(ResultsFolder, "add_record", original)

@@ -13,6 +13,7 @@ skips what the folder holds (`specscale_lab.evaluation.results`). The final tabl
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 
@@ -79,8 +80,8 @@ def run_eval(args) -> int:
         try:
             run_cells(pipeline, args, results, pending, grader)
         except KeyboardInterrupt as interrupt:
-            print(f"\ninterrupted: {len(results.records)} searches are in {results.path}; "
-                  "run the same command again to resume")
+            print(f"\nspecscale eval: interrupted: {len(results.records)} searches are in {results.path}; "
+                  "run the same command again to resume", file=sys.stderr)
             return interrupted_status(interrupt)
         finally:
             pipeline.close()
