@@ -84,3 +84,10 @@ def test_a_recorded_simulate_command_parses_back_to_the_same_settings():
     recorded = shlex.split(command_line("throughput", args, "specscale simulate"))
     again = build_parser().parse_args(recorded[1:])
     assert {k: v for k, v in vars(again).items() if k != "func"} == {k: v for k, v in vars(args).items() if k != "func"}
+
+
+def test_bench_takes_engine_as_solves_name_for_its_real_backend():
+    from specscale.cli import build_parser
+
+    for name in ("engine", "real"):
+        assert build_parser().parse_args(["bench", "throughput", "--backend", name, "--out", "x"]).backend == "real"

@@ -26,6 +26,11 @@ SIMULATED_REPEATS = 1  # a simulation is deterministic under its seed: a repeat 
 SWEEP_LV_PRESET = "specscale"  # what sweep-lv sweeps
 SIMULATOR = "sim"  # the --backend of a simulation
 VLLM = "vllm"  # the --backend of the real models on vLLM's engine
+
+
+def bench_backend(text: str) -> str:
+    """bench's --backend: `engine` is solve's, serve's and eval's name for `real` (the checkpoints on our engine)."""
+    return "real" if text == "engine" else text
 KV_POOLS = "the KV pools come from --hardware's memory and --prm-kv-share"
 PRM_KNEE = "the simulated PRM's LV threshold is its knee on the cost model"
 REAL_HARDWARE_OPTIONS = {  # what `specscale simulate` refuses, and why
@@ -117,8 +122,9 @@ def add_simulation_arguments(parser, dataset_help: str = "workload preset (defau
         add_refused_options(parser)
     else:
         group = parser.add_argument_group("simulation (--backend sim, or `specscale simulate`)")
-        group.add_argument("--backend", choices=("real", SIMULATOR, VLLM), default="real",
-                           help="real: the checkpoints on this machine, on our engine; sim: the simulator on a "
+        group.add_argument("--backend", type=bench_backend, choices=("real", SIMULATOR, VLLM), default="real",
+                           help="real (or engine, as solve / serve / eval call it): the checkpoints on this machine, "
+                                "on our engine; sim: the simulator on a "
                                 "virtual clock; vllm: the checkpoints on vLLM's engine (optional: docs/gpu.md; "
                                 "--generator-backend, --verifier-backend, --vllm-arg as `specscale solve` takes them)")
         add_vllm_selection_arguments(parser)
