@@ -122,6 +122,9 @@ def test_clients_that_abort_their_upload_are_logged_once_each_at_debug_level(liv
 # connection count) under a generous hang guard, and only lower bounds are checked on the clock (a deadline
 # fires no earlier than its timeout, however loaded the machine).
 HANG_GUARD_S = 30.0
+# the server's timer and this process's clock are read at slightly different moments (the timer arms after its
+# last read, a little before the client's own reading): a cut may show a hair under its timeout here
+TIMER_SLACK_S = 0.02
 
 
 def _slow_client(live, sent: bytes) -> socket.socket:
@@ -165,7 +168,7 @@ def test_slow_loris_clients_get_408_and_are_disconnected(live):
         sock.close()
     assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers), answers
     assert all(b'"type": "timeout_error"' in answer for answer in answers)
-    assert elapsed >= min(SETTINGS.header_timeout_s, SETTINGS.body_timeout_s)
+    assert elapsed >= min(SETTINGS.header_timeout_s, SETTINGS.body_timeout_s) - TIMER_SLACK_S
     assert responses_counted(live, "connection", 408) - before == len(slow)  # counted like the app's answers
 
 
@@ -187,7 +190,7 @@ def test_a_slow_body_drip_is_cut_at_the_body_timeout(live):
         time.sleep(0.1)  # the drip's pace: 100 bytes take 10 s, far past the 0.5 s body timeout
         closed = closed or _peer_closed(sock)
     sock.close()
-    assert time.monotonic() - started >= SETTINGS.body_timeout_s
+    assert time.monotonic() - started >= SETTINGS.body_timeout_s - TIMER_SLACK_S
     assert responses_counted(live, "connection", 408) - before == 1
 
 
@@ -223,7 +226,7 @@ def test_a_connection_left_idle_after_an_early_answer_is_closed(live):
     answer = early + _read_until_closed(sock)
     sock.close()
     assert answer.startswith(b"HTTP/1.1 401 ") and b"HTTP/1.1 408 " in answer
-    assert time.monotonic() - started >= SETTINGS.header_timeout_s
+    assert time.monotonic() - started >= SETTINGS.header_timeout_s - TIMER_SLACK_S
 
 
 def test_connections_beyond_the_cap_get_503_and_are_closed(live):
