@@ -64,7 +64,8 @@ def run_counting(runtime, requests: list, bar: tqdm) -> list:
 
 def run_solve(args) -> int:
     check_model_folders(args)
-    check_search_settings(args.preset, given_search_flags(args))
+    search_flags = given_search_flags(args)
+    check_search_settings(args.preset, search_flags)
     pipeline_config = PipelineConfig(generator=args.generator, prm=args.prm, max_concurrency=args.max_concurrency,
                                      device=args.device, kernels=args.kernels)
     print(f"specscale solve: loading {args.generator} and {args.prm} ({args.preset}; a first start on this machine "
@@ -77,7 +78,7 @@ def run_solve(args) -> int:
     questions = args.question or [p.question for p in problems]
     requests = []
     for i, question in enumerate(questions):
-        config = preset_config(args.preset, seed=args.seed * 100_003 + i, **given_search_flags(args))
+        config = preset_config(args.preset, seed=args.seed * 100_003 + i, **search_flags)
         requests.append(pipeline.request(question, config, request_id=f"q{i}"))
     runtime = pipeline.runtime()
     start = time.perf_counter()

@@ -40,9 +40,9 @@ class PrmBatches:
 
     def enqueue(self, state: RequestState, action: Verify) -> None:
         request = ScoreRequest(state.request.question, action.steps)
-        verification = VERIFICATION.chosen(state.config)
+        batching = BATCHINGS[state.search.verification.batching]  # the policy the request's search was built with
         self.queue.push(QueuedStep(
-            state, action.candidate, request, action.completes_group, BATCHINGS[verification.batching],
+            state, action.candidate, request, action.completes_group, batching,
             self.verifier.tokens_to_compute(request), self.clock(), state.flush_policy,
         ))
 
