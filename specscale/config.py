@@ -107,6 +107,10 @@ class SearchConfig:
     or "lookahead" (FastTTS's code: the path's score with its LookAhead step when that step finished and
     was scored with the round; search/branching.py).
     filter_duplicates: identical paths compete as one in selection (search-and-learn's option).
+    early_exit: the early-exit policy's name (search/early_exit.py), "none", "exact" (stop once the best
+    completed path can no longer be overtaken: the same answer), "certain" (the best completed path scores at
+    least exit_certainty and ranks above every running path's current score), "stall" (the best score has not
+    risen for exit_stall_rounds decided rounds and is below exit_floor), "exact+stall" or "certain+stall".
     All of them: docs/design.md.
     """
 
@@ -143,6 +147,10 @@ class SearchConfig:
     max_live_sequences: int = 256
     branching_score: str = "decided"
     filter_duplicates: bool = False
+    early_exit: str = "none"
+    exit_certainty: float = 0.9
+    exit_stall_rounds: int = 2
+    exit_floor: float = 0.5
 
     def __post_init__(self) -> None:
         _check(self.beam_size >= 1, f"beam_size must be >= 1, got {self.beam_size}")
@@ -166,6 +174,9 @@ class SearchConfig:
         _check(0 <= self.lookahead_head_start_std <= 1, "lookahead_head_start_std must be in [0, 1]")
         _check(self.max_live_sequences >= 1, "max_live_sequences must be >= 1")
         _check(self.branching_score in BRANCHING_SCORES, f"branching_score must be one of {BRANCHING_SCORES}")
+        _check(0 < self.exit_certainty <= 1, f"exit_certainty must be in (0, 1], got {self.exit_certainty}")
+        _check(self.exit_stall_rounds >= 1, f"exit_stall_rounds must be >= 1, got {self.exit_stall_rounds}")
+        _check(0 <= self.exit_floor <= 1, f"exit_floor must be in [0, 1], got {self.exit_floor}")
 
     @property
     def num_retained(self) -> int:

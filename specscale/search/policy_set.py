@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from specscale.config import SearchConfig
 from specscale.search.dedup import DEDUP, OneExpansionPerChild
+from specscale.search.early_exit import EXIT, NoExit
 from specscale.search.lookahead import LOOKAHEAD, NoLookahead
 from specscale.search.pruning import PRUNING, SHORTCUT, NoPruning, NoShortcut
 from specscale.search.selection import SELECTION, Selection
@@ -29,6 +30,7 @@ class Policies:
     pruning: NoPruning
     shortcut: NoShortcut
     dedup: OneExpansionPerChild
+    exit: NoExit
 
 
 def build_policies(config: SearchConfig) -> Policies:
@@ -41,4 +43,5 @@ def build_policies(config: SearchConfig) -> Policies:
         pruning=PRUNING.chosen(config)(config),
         shortcut=SHORTCUT.chosen(config)(config),
         dedup=DEDUP.chosen(config)(config),
+        exit=EXIT.chosen(config)(config),
     )

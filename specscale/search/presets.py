@@ -47,6 +47,15 @@ PRESETS: dict[str, dict] = {
     "specscale-nospec": dict(pruning="strict", perfect_shortcut=True, dedup=True, verification="lazy"),
     "specscale-adaptive": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True, dedup=True,
                                verification="lazy", lv_policy="adaptive"),
+    # early exit (docs/design.md, "Early exit"): beam and specscale that stop once the best completed path can no
+    # longer be overtaken (exact: the same answer), or at a certainty threshold, or when the search stalls
+    "beam+exit": {"early_exit": "exact"},
+    "specscale+exit": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True, dedup=True, verification="lazy",
+                           early_exit="exact"),
+    "specscale+exit-soft": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True, dedup=True,
+                                verification="lazy", early_exit="certain"),
+    "specscale+exit-stall": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True, dedup=True,
+                                 verification="lazy", early_exit="exact+stall"),
 }
 
 

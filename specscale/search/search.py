@@ -36,6 +36,7 @@ from typing import Any
 
 from specscale.config import SearchConfig
 from specscale.search import policies
+from specscale.search.early_exit import Exit, exited
 from specscale.search.policy_set import build_policies
 from specscale.search.protocol import (
     Action,
@@ -81,6 +82,7 @@ class Search:
         self.pruning = built.pruning
         self.shortcut = built.shortcut
         self.dedup = built.dedup
+        self.exit = built.exit
         self.last_round = self.selection.last_round()  # the round that generates to EOS
         self.rounds: list[Round] = []
         self.expansions: dict[int, Expansion] = {}
@@ -149,7 +151,8 @@ class Search:
             actions += self._release([c])
         actions += self._drop(self.pruning.after_score(self, c))
         actions += self.speculation.on_scored(self, c, ev.time)
-        return actions + self._try_decide(ev.time)
+        actions += self._try_decide(ev.time)
+        return actions + ([] if self.done else self._exit(self.exit.after_score(self, self.finished_pool), ev.time))
 
     def _on_cancelled(self, ev: Cancelled) -> list:
         return self._finish(ev.time, error="cancelled")
@@ -215,6 +218,9 @@ class Search:
         if verdict.done:
             return actions + self._finish(time)
         retained = shortcut or verdict.retained
+        exit_now = self.exit.after_decision(self, self.finished_pool, retained)
+        if exit_now is not None:
+            return actions + self._exit(exit_now, time)
         kept = {c for c, _ in retained}
         actions += self._drop([c for c in verdict.dropped + [c for c, _ in verdict.retained] if c not in kept])
         finished = sum(c.multiplicity for c in rd.candidates if c.parent is None or c.parent.state == RETAINED)
@@ -374,6 +380,17 @@ class Search:
         return c
 
     # ---- the end ---------------------------------------------------------------------------------
+    def _exit(self, how: Exit | None, time: float) -> list:
+        """The exit policy ends the search (how.pooled join the finished pool first); nothing if it does not."""
+        if how is None:
+            return []
+        for c in how.pooled:
+            c.state, c.completed = COMPLETED, True
+            self.finished_pool.append(c)
+        actions = self._finish(time)
+        self.result = exited(self.result, how.reason) if self.result is not None else None
+        return actions
+
     def _finish(self, time: float, error: str | None = None) -> list:
         self.done = True
         actions = [a for e in self.expansions.values() for a in self._stop_generating(e)]
