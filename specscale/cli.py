@@ -13,13 +13,15 @@ shell's status (130, 143), a `UsageError` with one line in argparse's form and s
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import importlib.util
+import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib.metadata import entry_points
 
 from specscale.usage_error import UsageError  # noqa: F401  (its importers take it from here too)
@@ -144,17 +146,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`argv` None: the process's own command line, and the process ends with the command (`exit_as_command`)."""
     command = typed_command(sys.argv[1:] if argv is None else argv)
-    with sigterm_interrupts():
-        try:
-            args = build_parser().parse_args(argv)
-            return args.func(args)
-        except UsageError as error:
-            print(f"{command}: error: {error}", file=sys.stderr)
-            return USAGE_ERROR_STATUS
-        except KeyboardInterrupt as interrupt:
-            print(f"\n{command}: {interrupted_text(interrupt)}", file=sys.stderr)
-            return interrupted_status(interrupt)
+    status = 1  # an exception past the handlers below: Python's traceback and status
+    try:
+        with sigterm_interrupts():
+            try:
+                args = build_parser().parse_args(argv)
+                status = args.func(args)
+            except UsageError as error:
+                print(f"{command}: error: {error}", file=sys.stderr)
+                status = USAGE_ERROR_STATUS
+    except KeyboardInterrupt as interrupt:  # also one that lands as the command returns
+        print(f"\n{command}: {interrupted_text(interrupt)}", file=sys.stderr)
+        status = interrupted_status(interrupt)
+    finally:
+        if argv is None:
+            exit_as_command(command, status)
+    return status
 
 
 def typed_command(argv: list[str]) -> str:
@@ -193,6 +202,49 @@ def sigterm_interrupts() -> Iterator[None]:
 
 def raise_terminated(signum, frame) -> None:
     raise Terminated()
+
+
+# ---- after the command: the process's own exit ---------------------------------------------------------
+# A command's last output (eval's report, solve's accuracy) comes a fraction of a second before the process
+# ends: Python then joins threads, runs the atexit callbacks (Ray's, multiprocessing's) and tears its modules
+# down (torch's alone 0.25 s here), the last part with the default signal dispositions back, where Ctrl-C
+# ended the process by the signal (status -2) without a line. From the command's return on, a signal prints
+# the command's one interrupt line and exits 130 / 143 (`late_signal`); the teardown itself ignores them
+# (`hold_signals`, the last atexit callback), so the command's own status stands.
+_exiting: dict[str, object] = {}  # the command and its status, once `main` ran as the process's command
+
+
+def exit_as_command(command: str, status: int) -> None:
+    """The rest of the process's life, as the command ends: a signal is the command's interrupt."""
+    _exiting.update(command=command, status=status)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, late_signal)
+        signal.signal(signal.SIGTERM, late_signal)
+
+
+def late_signal(signum, frame) -> None:
+    """Ctrl-C / SIGTERM after the command returned: its interrupt line (unless it was interrupted already and
+    said so), the shell's status, and no teardown left to interrupt."""
+    interrupt = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    with suppress(Exception):
+        sys.stdout.flush()
+    if _exiting.get("status") not in (interrupted_status(KeyboardInterrupt()), interrupted_status(Terminated())):
+        with suppress(Exception):
+            print(f"\n{_exiting.get('command', 'specscale')}: {interrupted_text(interrupt)}", file=sys.stderr,
+                  flush=True)
+    os._exit(interrupted_status(interrupt))
+
+
+def hold_signals() -> None:
+    """The last atexit callback (registered first): Python is about to put back the default dispositions (it
+    keeps an ignored signal ignored) and tear its modules down; SIGINT and SIGTERM are ignored from here, so
+    the process ends with the command's own status."""
+    if _exiting and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+atexit.register(hold_signals)
 
 
 if __name__ == "__main__":
