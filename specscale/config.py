@@ -109,8 +109,8 @@ class SearchConfig:
     filter_duplicates: identical paths compete as one in selection (search-and-learn's option).
     early_exit: the early-exit policy's name (search/early_exit.py), "none", "exact" (stop once the best
     completed path can no longer be overtaken: the same answer), "certain" (the best completed path scores at
-    least exit_certainty and ranks above every running path's current score), "stall" (the best score has not
-    risen for exit_stall_rounds decided rounds and is below exit_floor), "exact+stall" or "certain+stall".
+    least exit_certainty and ranks above every running path's current score), "stall" (the best retained path's
+    score has not risen for exit_stall_rounds decided rounds and is below exit_floor), "exact+stall" or "certain+stall".
     All of them: docs/design.md.
     """
 

@@ -20,9 +20,9 @@ path may still finish at 1.0 with another answer), which is why the exact rule f
 - certain: the soft positive exit: the leader scores at least `exit_certainty` and ranks above what every
   path still running scores now (a candidate's own score, or its parent's while its step generates; 1.0 for
   a first step with nothing scored above it); not exact;
-- stall: the negative exit: the best score seen (retained or completed) has not risen for `exit_stall_rounds`
-  decided rounds and lies below `exit_floor`; the search ends with its completed paths, or with its retained
-  running paths when none has completed;
+- stall: the negative exit: the best running (retained) path's score has not risen above the best of the
+  earlier rounds for `exit_stall_rounds` decided rounds and lies below `exit_floor`; the search ends with its
+  completed paths, or with its retained running paths when none has completed;
 - exact+stall, certain+stall: both.
 """
 
@@ -180,7 +180,8 @@ class CertainExit(ExactExit):
 
 @EXIT.register("stall")
 class StallExit(NoExit):
-    """Negative: the best score has not risen for `exit_stall_rounds` decided rounds and is below `exit_floor`."""
+    """Negative: the best retained path's score has not risen for `exit_stall_rounds` decided rounds and is below
+    `exit_floor` (completed paths do not count: a search that completed a path at 1.0 may still be stuck below)."""
 
     def __init__(self, config: SearchConfig):
         super().__init__(config)
@@ -192,13 +193,12 @@ class StallExit(NoExit):
         found = super().after_decision(search, pool, retained)
         if found is not None:
             return found
-        scores = [c.score for c in pool + [c for c, _ in retained] if c.score is not None]
-        best = max(scores, default=-1.0)
+        best = max((c.score for c, _ in retained if c.score is not None), default=-1.0)
         if best > self.best:
             self.best, self.flat_rounds = best, 0
         else:
             self.flat_rounds += 1
-        if self.flat_rounds < self.config.exit_stall_rounds or self.best >= self.config.exit_floor:
+        if self.flat_rounds < self.config.exit_stall_rounds or best >= self.config.exit_floor:
             return None
         return Exit(STALLED, () if pool else tuple(c for c, _ in retained))
 
