@@ -1,7 +1,9 @@
 """`specscale serve --ray`: the same OpenAI API served by R search replicas on Ray Serve (docs/scale-out.md).
 
 Without `--address` it starts a local Ray instance on this machine; with one (`auto`, or the head's
-`HOST:6379`) it joins that cluster and deploys there. It prints `SpecScale serving <model> on R Ray Serve
+`HOST:6379`) it joins that cluster and deploys there. While the layout comes up it says what it waits for
+(`layout_start.StartReport`: at once when the layout reserves more CPUs or GPUs than the cluster has, then every
+change from 10 s on). It prints `SpecScale serving <model> on R Ray Serve
 replicas at http://HOST:PORT` once every replica has loaded its models, serves until Ctrl-C / SIGTERM,
 drains (the ingress refuses new completions with 503 + Retry-After while the open ones finish, at most
 `--drain-timeout` s), prints what the replicas still hold, then deletes the application (and, for a Ray
@@ -13,12 +15,18 @@ from __future__ import annotations
 import dataclasses
 import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from specscale.pipeline import PipelineConfig
 from specscale.scaleout.config import ScaleOutConfig
+from specscale.scaleout.layout_start import StartReport, running_replicas
 from specscale.server.settings import ServerSettings
+
+START_POLL_S = 5.0  # how often the start-up asks Serve and Ray what the layout still waits for
 
 
 def add_ray_flags(p) -> None:
@@ -65,7 +73,10 @@ def run_ray_serve(args, config: ScaleOutConfig) -> int:
     try:
         serve.start(http_options={"host": args.host, "port": port})
         logging_config = {"log_level": args.log_level.upper(), "enable_access_log": args.access_log}
-        serve.run(build_application(config), name=APP_NAME, route_prefix="/", logging_config=logging_config)
+        report = StartReport(config, _say)
+        report.before_deploying(ray.cluster_resources())
+        with _reporting_start(report):
+            serve.run(build_application(config), name=APP_NAME, route_prefix="/", logging_config=logging_config)
         print(f"SpecScale serving {config.settings.served_model_name} on {config.replicas} Ray Serve replicas "
               f"at http://{_url_host(args.host)}:{port}{_verifier_note(config)}", flush=True)
         _wait_for_interrupt()
@@ -74,6 +85,38 @@ def run_ray_serve(args, config: ScaleOutConfig) -> int:
         _stop(serve, ray, joined=args.address is not None)
     print("SpecScale stopped", flush=True)
     return 0
+
+
+def _say(line: str) -> None:
+    print(f"SpecScale starting: {line}", flush=True)
+
+
+@contextmanager
+def _reporting_start(report: StartReport, poll_s: float = START_POLL_S) -> Iterator[None]:
+    """While the block deploys the layout, a thread polls Serve and Ray for what it waits for (`report`)."""
+    import ray
+    from ray import serve
+
+    from specscale.scaleout.application import APP_NAME
+
+    done, started = threading.Event(), time.monotonic()
+
+    def watch() -> None:
+        while not done.wait(poll_s):
+            try:
+                running = running_replicas(serve.status(), APP_NAME)
+                available, total = ray.available_resources(), ray.cluster_resources()
+            except Exception:  # noqa: BLE001 - a report skipped, never the start
+                continue
+            if not done.is_set():
+                report.poll(time.monotonic() - started, running, available, total)
+
+    thread = threading.Thread(target=watch, name="specscale-layout-start", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _wait_for_interrupt() -> None:

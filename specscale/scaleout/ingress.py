@@ -37,7 +37,13 @@ from specscale.scaleout.cluster_counters import ClusterCounters
 from specscale.scaleout.config import ScaleOutConfig
 from specscale.scaleout.exposition import only_families, sum_expositions
 from specscale.scaleout.forwarding import ForwardedSearch
-from specscale.scaleout.layout_start import DeploymentCount, LayoutStart, cluster_resources, waiting_for
+from specscale.scaleout.layout_start import (
+    DeploymentCount,
+    LayoutStart,
+    cluster_resources,
+    layout_deployments,
+    waiting_for,
+)
 from specscale.scaleout.messages import Rejected, StreamOpened
 from specscale.server.app import PROMETHEUS_TEXT, install_middleware
 from specscale.server.engine_loop import EngineSnapshot
@@ -165,13 +171,7 @@ class Ingress:
 
     def _deployments(self, replicas: int, verifiers: int) -> list[DeploymentCount]:
         """How many replicas of each deployment answered, of how many (the ingress is the one answering)."""
-        config = self.config
-        search = DeploymentCount("search replicas", replicas, config.replicas,
-                                 {"CPU": config.replica_cpus, "GPU": config.replica_gpus})
-        if not config.disaggregated:
-            return [search]
-        return [search, DeploymentCount("PRM replicas", verifiers, config.verifier_replicas,
-                                        {"CPU": config.verifier_cpus, "GPU": config.verifier_gpus})]
+        return layout_deployments(self.config, {"SearchReplica": replicas, "VerifierReplica": verifiers})
 
     async def _waiting_for(self, deployments: list[DeploymentCount]) -> list[str]:
         """What a layout not yet whole waits for, logged when that changes."""
