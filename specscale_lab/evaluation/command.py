@@ -13,12 +13,14 @@ skips what the folder holds (`specscale_lab.evaluation.results`). The final tabl
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from specscale.cli import UsageError, interrupted_status
 from specscale.config import SearchConfig
+from specscale.former_flag import add_former_name
 from specscale.grading import DATASETS, AnswerGrader, Problem, load_problems, shared_grader
 from specscale.pipeline import PipelineConfig
 from specscale.prompts import MATH_SYSTEM_PROMPT
@@ -26,7 +28,7 @@ from specscale.search.presets import PRESETS, parse_variant, preset_config, spli
 from specscale.search.result import SearchResult
 from specscale.vllm_backend.selection import add_backend_arguments, chosen_backends
 from specscale_lab.bench.arguments import DEFAULT_CONCURRENCY, add_model_arguments, given_search_flags
-from specscale_lab.bench.outputs import finish_info, run_info
+from specscale_lab.bench.outputs import command_line, finish_info, run_info
 from specscale_lab.bench.runs import fresh_runtime, open_pipeline, paired_seed, real_stack_description, run_batch
 from specscale_lab.bench.testbed import RealTestbed
 from specscale_lab.cli_checks import check_model_folders, check_search_settings
@@ -43,8 +45,10 @@ def add_eval(sub) -> None:
                        "(resumable JSONL records, table with 95%% CIs)")
     p.add_argument("--dataset", required=True, choices=sorted(DATASETS))
     p.add_argument("--problems", type=int, default=None, help="the first N problems (default: all)")
-    p.add_argument("--preset", type=split_variants, default=["specscale"],
-                   help="comma-separated presets, compared paired with the first (default: specscale)")
+    presets = p.add_argument("--presets", type=split_variants, default=["specscale"],
+                             help="comma-separated presets, each optionally with SearchConfig fields changed "
+                                  "(preset[field=value,...]), compared paired with the first (default: specscale)")
+    add_former_name(p, "--preset", presets)  # eval's name before `bench --presets` was the one name
     p.add_argument("--beam-size", type=int, default=None, help="N (default: each preset's)")
     p.add_argument("--beam-width", type=int, default=None, help="M, children per retained path (default: each preset's)")
     p.add_argument("--max-rounds", type=int, default=None, help="rounds per search (default: each preset's)")
@@ -69,14 +73,14 @@ def run_eval(args) -> int:
     seeds = list(range(args.seed, args.seed + args.seeds))
     results = ResultsFolder(args.out or f"results/eval-{args.dataset}", settings(args))
     grader = shared_grader()
-    pending = pending_cells(results, problems, args.preset, seeds)
+    pending = pending_cells(results, problems, args.presets, seeds)
     started = time.perf_counter()
     if not pending:
-        info = run_info(NAME, args, command="specscale")
+        info = recorded_run(args)
     else:
         grader.start()  # math-verify's imports overlap the model loading
         pipeline = open_pipeline(args, device=args.device, system_prompt=args.system_prompt or MATH_SYSTEM_PROMPT)
-        info = run_info(NAME, args, RealTestbed(pipeline), command="specscale")
+        info = recorded_run(args, RealTestbed(pipeline))
         try:
             run_cells(pipeline, args, results, pending, grader)
         except KeyboardInterrupt as interrupt:
@@ -85,7 +89,7 @@ def run_eval(args) -> int:
             return interrupted_status(interrupt)
         finally:
             pipeline.close()
-    summary = summarize(results.records, results.batches, problems, args.preset, seeds)
+    summary = summarize(results.records, results.batches, problems, args.presets, seeds)
     info = dict(finish_info(info, started), grading=dataclasses.asdict(grader.stats), device=args.device)
     text = report_markdown(info, summary, args)
     results.write_summary({"run": info, "settings": settings(args), "results": summary}, text)
@@ -93,16 +97,24 @@ def run_eval(args) -> int:
     return 0
 
 
+def recorded_run(args, testbed: RealTestbed | None = None) -> dict:
+    """`run_info` with eval's command line: bench's recording leaves `--dataset` out (there it names a simulated
+    workload, which a real run does not read); here it is which problems were run."""
+    info = run_info(NAME, args, testbed, command="specscale")
+    words = shlex.split(command_line(NAME, args, "specscale"))
+    return dict(info, command=shlex.join([*words[:2], "--dataset", args.dataset, *words[2:]]))
+
+
 def check_arguments(args) -> None:
     """Everything a command line can get wrong, each a one-line UsageError, before anything loads."""
-    unknown = [p for p in args.preset if parse_variant(p)[0] not in PRESETS]
-    if unknown or not args.preset:
-        raise UsageError(f"--preset: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(sorted(PRESETS))}")
+    unknown = [p for p in args.presets if parse_variant(p)[0] not in PRESETS]
+    if unknown or not args.presets:
+        raise UsageError(f"--presets: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(sorted(PRESETS))}")
     if args.seeds < 1 or (args.problems is not None and args.problems < 1):
         raise UsageError(f"--seeds and --problems must be >= 1, got {args.seeds} and {args.problems}")
     check_model_folders(args)
     real_stack_description(args, PipelineConfig())  # vLLM missing, a bad --vllm-arg
-    for preset in args.preset:  # SearchConfig's own checks (beam size a multiple of width...)
+    for preset in args.presets:  # SearchConfig's own checks (beam size a multiple of width...)
         check_search_settings(preset, {**given_search_flags(args), "temperature": args.temperature,
                                        "max_step_tokens": args.max_step_tokens})
 
@@ -110,7 +122,7 @@ def check_arguments(args) -> None:
 def settings(args) -> dict:
     """What a record's meaning depends on; a results folder holds one setting only. The search's size is the
     first preset's, with the flags given."""
-    first = search_config(args, args.preset[0], 0)
+    first = search_config(args, args.presets[0], 0)
     return {"dataset": args.dataset, "generator": str(Path(args.generator).resolve()),
             "prm": str(Path(args.prm).resolve()), "dtype": args.dtype, "beam_size": first.beam_size,
             "beam_width": first.beam_width, "max_rounds": first.max_rounds, "temperature": args.temperature,
@@ -192,10 +204,10 @@ def problem_record(problem: Problem, preset: str, seed: int, result: SearchResul
 
 
 def report_markdown(info: dict, summary: dict, args) -> str:
-    grading, first = info["grading"], search_config(args, args.preset[0], 0)
+    grading, first = info["grading"], search_config(args, args.presets[0], 0)
     return (f"# specscale eval {args.dataset}\n\n```bash\n{info['command']}\n```\n\n"
             f"commit `{info['git_commit']}`, {info['machine']['cpu']}, device {args.device}, "
             f"{info.get('duration_s', 0.0):.0f} s this session. N = {first.beam_size}, M = {first.beam_width}, "
             f"T = {args.temperature}, {first.max_rounds} rounds, {args.seeds} seed(s). Grading: math-verify, "
             f"{grading['math_verify']} comparisons, {grading['timeouts']} timed out.\n\n"
-            + markdown(summary, args.preset[0]))
+            + markdown(summary, args.presets[0]))
