@@ -7,6 +7,7 @@ keeps the preset's own value."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from specscale.config import KERNEL_MODES
 from specscale.costmodel.hardware import bundled_hardware
@@ -79,26 +80,38 @@ def add_refused_options(parser) -> None:
     parser.add_argument("--backend", action=SimulatorBackend, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-def add_common_arguments(parser, variants: bool = True, problems: bool = True) -> None:
+def add_common_arguments(parser, variants: bool = True, problems: bool = True, load_sweep: bool = False) -> None:
     """Options every sub-command takes (--variants and --problems where it has them). Those left at
-    None are filled by `apply_mode_defaults`."""
+    None are filled by `apply_mode_defaults`. load_sweep: `--max-concurrency` (and `--problems`) also take
+    comma-separated levels, parsed as lists (bench throughput's load sweep; one value stays an int); elsewhere one
+    integer each. A count that is not an integer >= 1 is refused in one line naming its flag (`UsageError`, exit 2)."""
     parser.add_argument("--out", required=True, help="folder for raw.json, summary.json, <name>.md, <name>.png")
     parser.add_argument("--quick", action="store_true", help="a small workload that finishes in under 2 minutes")
     add_model_arguments(parser)
     if not simulates(parser):
         parser.add_argument("--device", default="cpu", help="cpu or cuda (docs/gpu.md)")
-    parser.add_argument("--repeats", type=int, default=None, help="repeats; the median is reported")
+    parser.add_argument("--repeats", type=positive_int("--repeats"), default=None, help="repeats; the median is reported")
     parser.add_argument("--beam-sizes", type=int_list, default=None, help="comma-separated beam sizes N")
     parser.add_argument("--beam-width", type=int, default=None, help="children per retained path M (default: the preset's)")
     parser.add_argument("--max-rounds", type=int, default=None, help="rounds per search (SearchConfig's default: 40)")
-    parser.add_argument("--max-concurrency", type=int, default=None,
-                        help=f"requests in flight at most (default {DEFAULT_CONCURRENCY})")
+    if load_sweep:
+        parser.add_argument("--max-concurrency", type=positive_int_or_list("--max-concurrency"), default=None,
+                            help=f"requests in flight at most (default {DEFAULT_CONCURRENCY}); comma-separated levels "
+                                 "(e.g. 1,2,4,8,32) run the ladder at each and write one table across them")
+    else:
+        parser.add_argument("--max-concurrency", type=positive_int("--max-concurrency"), default=None,
+                            help=f"requests in flight at most (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--seed", type=int, default=0, help="first sampling seed")
     parser.add_argument("--filter-duplicates", action="store_true", default=None,
                         help="identical paths compete as one in selection (search-and-learn's option; off in the "
                              "paper's ladder)")
     if problems:
-        parser.add_argument("--problems", type=int, default=None, help=problems_help(parser))
+        if load_sweep:
+            parser.add_argument("--problems", type=positive_int_or_list("--problems"), default=None,
+                                help=problems_help(parser) + "; one count for every --max-concurrency level, or one "
+                                                             "per level (e.g. 16,16,32,64,64)")
+        else:
+            parser.add_argument("--problems", type=positive_int("--problems"), default=None, help=problems_help(parser))
     if variants:
         parser.add_argument("--variants", "--presets", dest="variants", type=split_variants, default=None,
                             help="comma-separated presets, each optionally with SearchConfig fields changed: "
@@ -191,6 +204,35 @@ def lv_threshold_help(parser) -> str:
 
 def int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
+
+
+def positive_int(flag: str) -> Callable[[str], int]:
+    """An argparse type for a count: an integer >= 1, else a `UsageError` naming `flag` (one line, exit 2)."""
+    def parse(text: str) -> int:
+        return positive_count(flag, text, text)
+    return parse
+
+
+def positive_int_or_list(flag: str) -> Callable[[str], int | list[int]]:
+    """An argparse type for one count (`8`: an int, as `positive_int` parses it, so a recorded single-level command
+    parses back as it always did) or comma-separated ones (`1,2,4,8,32`: a list), each an integer >= 1."""
+    def parse(text: str) -> int | list[int]:
+        parts = [part.strip() for part in text.split(",")]
+        if any(not part for part in parts):
+            raise UsageError(f"{flag} {text}: expected integers >= 1, comma-separated (e.g. 1,2,4,8,32)")
+        counts = [positive_count(flag, text, part) for part in parts]
+        return counts[0] if len(counts) == 1 else counts
+    return parse
+
+
+def positive_count(flag: str, text: str, part: str) -> int:
+    try:
+        value = int(part)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"{flag} {text}: expected an integer >= 1, got {part!r}")
+    return value
 
 
 def float_list(text: str) -> list[float]:

@@ -74,6 +74,12 @@ def open_pipeline(args, **fields) -> Pipeline | VllmStack:
         raise UsageError(str(error)) from None
 
 
+def highest_level(max_concurrency: int | list[int]) -> int:
+    """The stack's default requests in flight: --max-concurrency, or its highest level in a load sweep (each run
+    sets its own level: `fresh_runtime`)."""
+    return max(max_concurrency) if isinstance(max_concurrency, list) else max_concurrency
+
+
 def real_stack_description(args, config: PipelineConfig) -> PipelineConfig | VllmPipelineConfig:
     """`solve`'s backend selection (`vllm_backend/selection.py`) over bench's `--backend real|vllm` (or eval's
     `engine|vllm`): vLLM missing, a bad --vllm-arg are one line (exit 2) before anything loads."""
@@ -101,7 +107,7 @@ def pipeline_config(args, **fields) -> PipelineConfig:
     fields.setdefault("device", getattr(args, "device", "cpu"))
     return PipelineConfig(
         generator=args.generator, prm=args.prm, generator_dtype=args.dtype, prm_dtype=args.dtype,
-        generator_kv_gb=args.kv_gb, prm_kv_gb=args.prm_kv_gb, max_concurrency=args.max_concurrency,
+        generator_kv_gb=args.kv_gb, prm_kv_gb=args.prm_kv_gb, max_concurrency=highest_level(args.max_concurrency),
         lv_threshold_tokens=args.lv_threshold, spare_rows=args.spare_rows, kernels=args.kernels,
         profile_prm=getattr(args, "profile_prm", True), **fields,
     )
