@@ -4,12 +4,14 @@ column group per level, the ratios are medians of per-repeat ratios, one level w
 bad levels or counts end in one line (exit 2) naming the flag."""
 
 import json
+import shlex
 
 import pytest
 import torch
 
 from checkpoints import build_qwen_prm_checkpoint, build_stepping_generator
 from specscale.cli import build_parser, main
+from specscale_lab.bench.outputs import command_line
 from specscale_lab.bench.throughput import load_sweep, sweep_table
 
 TINY = ["--beam-sizes", "4", "--max-rounds", "3", "--presets", "beam,specscale", "--seed", "2"]
@@ -151,3 +153,12 @@ def test_a_sweep_on_checkpoints_runs_each_level_at_its_concurrency(models, tmp_p
     cell = next(row for row in summary["load_sweep"]["rows"] if row["variant"] == "specscale")["levels"]["2"]
     assert len(cell["output_tokens_per_s_ratio_repeats"]) == 2 and cell["output_tokens_per_s"] > 0
     assert sweep_header(markdown).count(GROUP) == 2
+
+
+def test_a_recorded_sweep_command_parses_back_to_the_same_levels():
+    args = build_parser().parse_args(["bench", "throughput", "--out", "o", "--max-concurrency", "1,2,4,8,32",
+                                      "--problems", "16,16,32,64,64"])
+    recorded = command_line("throughput", args)
+    assert "--max-concurrency 1,2,4,8,32" in recorded and "--problems 16,16,32,64,64" in recorded
+    again = build_parser().parse_args(shlex.split(recorded)[1:])
+    assert (again.max_concurrency, again.problems) == ([1, 2, 4, 8, 32], [16, 16, 32, 64, 64])
