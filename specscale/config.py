@@ -97,9 +97,9 @@ class SearchConfig:
     ablation). lv_ride_along: lazy steps join any PRM batch that runs anyway (None: on with the queue scope;
     with the request scope, on for adaptive only). lv_sibling_trigger: a complete sibling group flushes the
     queue (docs/design.md, "Verification"; False drops it: an ablation, in no preset). lv_group: the group
-    whose completion that trigger waits for, "siblings" (the M children of one parent, the design's) or
-    "round" (every candidate of the request's round: with N > M one flush per round instead of N / M; an
-    ablation, in no preset; equal to "siblings" when N = M).
+    whose completion that trigger waits for, "round" (every candidate of the request's round: with N > M one
+    flush per round instead of N / M; the default, chosen by the ladders in docs/bench/lv-group.md) or
+    "siblings" (the M children of one parent, the paper's literal reading); the same when N = M.
     lookahead / dynamic_branching / lookahead_head_start(_std) / max_live_sequences:
     the FastTTS pieces (LookAhead continuations, children by min-subtracted score, the mean and spread of
     the share of a continuation's tokens every other retained copy starts from, the per-request valve).
@@ -136,7 +136,7 @@ class SearchConfig:
     lv_flush_scope: str = "queue"
     lv_ride_along: bool | None = None
     lv_sibling_trigger: bool = True
-    lv_group: str = "siblings"
+    lv_group: str = "round"
     lv_wait_budget_calls: float = 2.0
     lv_speculative_budget_tokens: float = 512.0
     lv_kv_budget: float = 0.9

@@ -6,7 +6,8 @@ Step texts are a function of (prefix tokens, seed): a row of multiplicity m stan
 children it replaces — and splits where their scripted texts diverge, as the real engine's laned multi-draw
 sampling does: each split row carries the lanes of its copies and takes the next id the starting operation
 reserved (runtime/backend.py). Each iteration emits one token per generating row and advances the clock
-by `decode_cost`. Tokens 0..25 are the letters a..z, then a space, a newline and EOS.
+by `decode_cost`. `spare_rows` models the engine's speculative row budget (engine/scheduler.py): a
+low-priority (speculative) row runs only while the iteration has fewer rows. Tokens 0..25 are the letters a..z, then a space, a newline and EOS.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ class ScriptedSequence:
 class ScriptedGenerator:
     """One KV block per live sequence, out of `num_blocks`."""
 
-    def __init__(self, clock: VirtualClock, step_fn=seeded_step, decode_cost: float = 1.0, num_blocks: int = 1000):
+    def __init__(self, clock: VirtualClock, step_fn=seeded_step, decode_cost: float = 1.0, num_blocks: int = 1000,
+                 spare_rows: int | None = None):
         self.clock, self.step_fn, self.decode_cost, self.num_blocks = clock, step_fn, decode_cost, num_blocks
+        self.spare_rows = spare_rows
         self.seqs: dict[SequenceId, ScriptedSequence] = {}
         self.rows_per_step: list[int] = []
         self._handlers = {StartSequence: self._start, BranchSequence: self._branch, AbortSequence: self._abort,
@@ -90,7 +93,7 @@ class ScriptedGenerator:
             self._handlers[type(op)](op)
 
     def step(self) -> list[SequenceUpdate]:
-        running = [(seq_id, s) for seq_id, s in self.seqs.items() if self._generating(s)]
+        running = self._running()
         self.rows_per_step.append(len(running))
         self.clock.advance(self.decode_cost)
         updates = []
@@ -99,7 +102,17 @@ class ScriptedGenerator:
         return updates
 
     def has_work(self) -> bool:
-        return any(self._generating(s) for s in self.seqs.values())
+        return bool(self._running())
+
+    def _running(self) -> list[tuple[SequenceId, ScriptedSequence]]:
+        """This iteration's rows: every generating sequence at priority >= 0, then speculative ones (highest
+        priority first, then oldest) while the rows number fewer than `spare_rows`."""
+        generating = [(seq_id, s) for seq_id, s in self.seqs.items() if self._generating(s)]
+        if self.spare_rows is None:
+            return generating
+        rows = [(seq_id, s) for seq_id, s in generating if s.priority >= 0]
+        speculative = sorted((row for row in generating if row[1].priority < 0), key=lambda row: -row[1].priority)
+        return rows + speculative[:max(self.spare_rows - len(rows), 0)]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return decode(token_ids)

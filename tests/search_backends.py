@@ -38,10 +38,11 @@ class SearchBackend:
 
 
 def scripted_runtime(max_concurrency: int = 32, step_fn=seeded_step, perfect_rate: float = 0.0,
-                     score_levels: int = 10_000, **options) -> SearchRuntime:
+                     score_levels: int = 10_000, spare_rows: int | None = None, **options) -> SearchRuntime:
     clock = VirtualClock()
     verifier = ScriptedVerifier(clock, perfect_rate=perfect_rate, score_levels=score_levels)
-    return SearchRuntime(ScriptedGenerator(clock, step_fn), verifier, DeviceProperties(SCRIPTED_LV_THRESHOLD, None),
+    generator = ScriptedGenerator(clock, step_fn, spare_rows=spare_rows)
+    return SearchRuntime(generator, verifier, DeviceProperties(SCRIPTED_LV_THRESHOLD, spare_rows),
                          clock=clock, max_concurrency=max_concurrency, read_answers=read_answers, **options)
 
 

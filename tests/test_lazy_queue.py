@@ -15,6 +15,7 @@ from specscale.search.presets import preset_config
 from specscale.search.protocol import Expand, ScoresArrived, StepFinished, Verify
 from specscale.search.search import Search
 from specscale.sim.clock import VirtualClock
+from specscale.sim.simulation import Simulation, SimulationConfig
 
 NEVER = 10**9
 QUEUE = FixedTriggers(NEVER, NEVER, float(NEVER))
@@ -166,7 +167,7 @@ def test_the_sibling_trigger_switch_reaches_both_flush_policies():
         assert flush_policy(replace(config, lv_sibling_trigger=True), 100).group_completed([lazy("a", group=True)])
 
 
-# ---- the round group (`lv_group = "round"`, an ablation) ---------------------------------------------------
+# ---- the group: the round (`lv_group = "round"`, the default) or the sibling group ---------------------------------------------------
 def round_flags(lv_group: str) -> list[bool]:
     """completes_group of each Verify of round 1 (two parents, four children each, one lane per child) as its
     children finish one by one, after round 0 was scored and decided."""
@@ -190,8 +191,9 @@ def test_the_round_group_completes_once_a_round_where_sibling_groups_complete_on
 
 
 def test_the_round_group_flushes_less_often_with_n_above_m_and_changes_nothing_with_n_equal_m():
-    siblings = scripted_run("specscale-nospec", threshold=NEVER)
-    rounds = scripted_run("specscale-nospec", threshold=NEVER, lv_group="round")
+    siblings = scripted_run("specscale-nospec", threshold=NEVER, lv_group="siblings")
+    rounds = scripted_run("specscale-nospec", threshold=NEVER)
+    assert preset_config("specscale").lv_group == preset_config("specscale-nospec").lv_group == "round"
     assert rounds.flush_reasons["sibling-group"] < siblings.flush_reasons["sibling-group"]
     assert len(rounds.verifier.batches) < len(siblings.verifier.batches)
     wide, wide_rounds = (scripted_run("specscale", threshold=NEVER, beam_width=8, lv_group=group)
@@ -199,3 +201,43 @@ def test_the_round_group_flushes_less_often_with_n_above_m_and_changes_nothing_w
     assert wide.flush_reasons == wide_rounds.flush_reasons
     assert [[p.text for p in wide.result(i).paths] for i in wide.finished_ids()] == \
         [[p.text for p in wide_rounds.result(i).paths] for i in wide_rounds.finished_ids()]
+
+
+# ---- the idle generator (SPEC 3.3 trigger 4) -----------------------------------------------------------------
+def one_at_a_time(preset: str, spare_rows: int | None, problems: int = 2, **overrides) -> SearchRuntime:
+    """Requests one at a time on the simulator's engine (the real scheduler and its row budget, virtual clock),
+    with the lazy queue's token threshold out of reach."""
+    sim = Simulation(SimulationConfig(seed=0, spare_rows=spare_rows, lv_threshold_tokens=NEVER))
+    runtime = sim.runtime(max_concurrency=1)
+    config = preset_config(preset, beam_size=8, beam_width=4, seed=5, **overrides)
+    runtime.run([sim.request(p, config) for p in sim.problems(problems)])
+    assert runtime.stats().live_sequences == 0
+    return runtime
+
+
+def test_an_idle_generator_flushes_at_once_even_with_speculative_rows_that_have_no_room():
+    """With no speculative row budget, a request whose round has finished holds only speculative sequences the
+    engine will not run: the queue flushes on that tick ("idle"), not after empty iterations count deferrals."""
+    runtime = one_at_a_time("specscale", spare_rows=0, lv_sibling_trigger=False, lv_max_deferrals=20,
+                            lv_max_age_s=float(NEVER))
+    assert runtime.flush_reasons.get("idle", 0) > 0
+
+
+def test_one_request_with_only_the_idle_trigger_makes_no_more_prm_calls_than_rounds():
+    """One request in flight, the other triggers out of reach: at most one flush per round, as `beam` makes one
+    PRM call per round, with and without room for speculation."""
+    beam = one_at_a_time("beam", spare_rows=0)
+    assert prm_calls(beam) == rounds(beam)
+    for spare_rows in (0, None):
+        lazy = one_at_a_time("specscale", spare_rows, lv_sibling_trigger=False, lv_max_deferrals=NEVER,
+                             lv_max_age_s=float(NEVER))
+        assert set(lazy.flush_reasons) == {"idle"}
+        assert prm_calls(lazy) <= rounds(lazy)
+
+
+def rounds(runtime: SearchRuntime) -> int:
+    return sum(len(runtime.search(i).rounds) for i in runtime.finished_ids())
+
+
+def prm_calls(runtime: SearchRuntime) -> int:
+    return len(runtime.metrics.verifier_batch_requests)

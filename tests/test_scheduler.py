@@ -63,3 +63,21 @@ def test_no_preemption_when_even_every_candidate_would_not_free_enough():
     assert scheduler.schedule().is_empty
     assert small.block_table and scheduler.num_preemptions == 0  # nothing preempted in vain
 
+
+
+def test_speculative_rows_count_as_work_only_where_the_row_budget_leaves_them_room():
+    """The runtime flushes the verify queue when the generator has nothing to run (SPEC 3.3, trigger 4): a
+    speculative sequence the row budget will not schedule must not keep it stepping on empty iterations."""
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    waiting = Sequence(seq_id=1, token_ids=list(range(6)), params=None, arrival=1, priority=-100)
+    no_room = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=8, spare_rows=0)
+    no_room.add(waiting)
+    assert no_room.schedule().is_empty and not no_room.has_work()
+    room = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=8, spare_rows=1)
+    room.add(waiting)
+    assert room.has_work() and len(room.schedule().rows) == 1
+    bm.free(waiting)
+    real = Sequence(seq_id=2, token_ids=list(range(6)), params=None, arrival=2)
+    no_room.add(real)
+    assert no_room.has_work() and [r.seq for r in no_room.schedule().rows] == [real]
+    bm.free(real)

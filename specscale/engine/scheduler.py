@@ -78,7 +78,10 @@ class Scheduler:
         self.sequences.pop(seq.seq_id, None)
 
     def has_work(self) -> bool:
-        return any(True for _ in self._schedulable())
+        """Whether the next iteration would run a row. A low-priority (speculative) sequence counts only when
+        the row budget leaves it room (`spare_rows` > 0): with none it waits to be promoted, and a caller that
+        stepped on it would spin on empty iterations (the runtime's idle flush, SPEC 3.3 trigger 4, relies on this)."""
+        return any(s.priority >= 0 or self.spare_rows > 0 for s in self._schedulable())
 
     def _schedulable(self) -> Iterator[Sequence]:
         """The live sequences with `is_schedulable` (inlined: this runs over every live sequence each iteration)."""
