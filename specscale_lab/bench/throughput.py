@@ -232,7 +232,9 @@ def run_sweep(args, levels: list[int], counts: list[int] | None) -> int:
     counts = level_counts(levels, counts, args.problems)
     cells = [(variant, n) for n in args.beam_sizes for variant in args.variants]
     workers = resolve_workers(args, len(cells) * args.repeats)
-    runs, results, ratios = [], {}, {}
+    runs: list[dict] = []
+    results: dict[str, dict] = {}
+    ratios: dict[str, list[dict]] = {}
     for level, count in zip(levels, counts, strict=True):
         level_args = argparse.Namespace(**{**vars(args), "max_concurrency": level, "problems": count,
                                            "workers": workers, "sweep_level": True})
@@ -268,7 +270,7 @@ def load_sweep(runs: list[dict], levels: list[int], counts: list[int], cells, re
     rate = {(r["max_concurrency"], r["variant"], r["beam_size"], r["repeat"]): r for r in runs}
     rows = []
     for variant, n in sorted(cells, key=lambda cell: cell[1]):
-        by_level = {}
+        by_level: dict[str, dict] = {}
         for level in levels:
             mine = [rate[(level, variant, n, i)] for i in range(repeats) if (level, variant, n, i) in rate]
             cell: dict = {key: statistics.median(r[key] for r in mine) for key, _ in SWEEP_RATIOS}
