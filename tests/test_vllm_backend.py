@@ -344,3 +344,29 @@ def test_bench_throughput_on_vllm(tmp_path, monkeypatch):
     run = json.loads((out / "summary.json").read_text())["run"]
     assert run["backend"] == "vllm" and "on vLLM" in run["vllm"]["backends"]
     assert "--backend vllm" in run["command"] and "--vllm-arg enforce_eager=true" in run["command"]
+
+
+# ---- search-and-learn's loop over vLLM (benchmarks/sal_vllm_loop.py, issue 47 section 5) ---------------
+@NEEDS_VLLM
+def test_sal_loop_rounds_on_vllm(monkeypatch):
+    """The baseline driver's round loop: one problem at a time, every round is one generate call and one PRM
+    call scoring all N beams; lock-step, one of each per round for the whole batch."""
+    import gc
+    from pathlib import Path
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import sal_vllm_loop
+
+    gc.collect()  # engines other tests left behind are shut down before ours start (an in-process vLLM engine's
+    # shutdown tears down the process's parallel groups: docs/gpu.md)
+    args = sal_vllm_loop.parse_args(["loop", "--problems", "2", "--beam-size", "4", "--beam-width", "2",
+                                     "--max-rounds", "2", "--enforce-eager", "--repeats", "1"])
+    result, loop = sal_vllm_loop.loop_main(args, keep_engines=True)
+    one, lockstep = result["summary"]["one"], result["summary"]["lockstep"]
+    assert one["prm_calls"] == one["generate_calls"] == one["rounds"] and 2 <= one["rounds"] <= 4
+    assert one["prm_paths"] == 4 * one["rounds"]  # all N beams scored in each round's one call
+    assert lockstep["prm_calls"] == lockstep["generate_calls"] <= 2  # both problems in each call
+    assert lockstep["prm_paths"] == 4 * lockstep["rounds"]
+    assert one["generated_tokens"] > 0 and 0 <= one["accuracy"] <= 1
+    assert not loop.llm.llm_engine.has_unfinished_requests()
