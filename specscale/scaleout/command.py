@@ -8,6 +8,13 @@ replicas at http://HOST:PORT` once every replica has loaded its models, serves u
 drains (the ingress refuses new completions with 503 + Retry-After while the open ones finish, at most
 `--drain-timeout` s), prints what the replicas still hold, then deletes the application (and, for a Ray
 instance it started, shuts Serve and Ray down). A second signal skips the drain.
+
+Ctrl-C or SIGTERM while the layout is still coming up (e.g. replicas Ray cannot schedule: 3 CPUs reserved on a
+2-core machine) stops at once with `specscale serve`'s one interrupt line and status (130 / 143): nothing to
+drain, and no graceful stop of Serve either, whose controller waits out the graceful-shutdown timeouts of
+replicas that never started (the command hung 25 s until killed); a Ray instance this command started goes down
+with everything in it (`ray.shutdown` ends its GCS, raylet and their workers), on a joined cluster the
+application's deletion is requested without waiting for it (`_stop`).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from specscale.pipeline import PipelineConfig
@@ -27,6 +34,7 @@ from specscale.scaleout.layout_start import StartReport, running_replicas
 from specscale.server.settings import ServerSettings
 
 START_POLL_S = 5.0  # how often the start-up asks Serve and Ray what the layout still waits for
+STARTING_INTERRUPTED = "while the Ray layout was coming up"  # the interrupt line's tail
 
 
 def add_ray_flags(p) -> None:
@@ -65,24 +73,31 @@ def run_ray_serve(args, config: ScaleOutConfig) -> int:
     import ray
     from ray import serve
 
+    from specscale.cli import raise_terminated
     from specscale.scaleout.application import APP_NAME, build_application
 
     port = args.port or free_port(args.host)
     ray.init(address=args.address, include_dashboard=False, logging_level=args.log_level.upper())
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
+    if threading.current_thread() is threading.main_thread():  # ray.init put in a SIGTERM handler of its own
+        signal.signal(signal.SIGTERM, raise_terminated)  # SIGTERM stops like Ctrl-C (cli.main: status 143)
+    drained = False  # until then an interrupt stops at once (_stop)
     try:
-        serve.start(http_options={"host": args.host, "port": port})
-        logging_config = {"log_level": args.log_level.upper(), "enable_access_log": args.access_log}
-        report = StartReport(config, _say)
-        report.before_deploying(ray.cluster_resources())
-        with _reporting_start(report):
-            serve.run(build_application(config), name=APP_NAME, route_prefix="/", logging_config=logging_config)
+        try:
+            serve.start(http_options={"host": args.host, "port": port})
+            logging_config = {"log_level": args.log_level.upper(), "enable_access_log": args.access_log}
+            report = StartReport(config, _say)
+            report.before_deploying(ray.cluster_resources())
+            with _reporting_start(report):
+                serve.run(build_application(config), name=APP_NAME, route_prefix="/",
+                          logging_config=logging_config)
+        except KeyboardInterrupt as interrupt:  # cli.main prints it: 'specscale serve: interrupted while ...'
+            raise type(interrupt)(STARTING_INTERRUPTED) from None
         print(f"SpecScale serving {config.settings.served_model_name} on {config.replicas} Ray Serve replicas "
               f"at http://{_url_host(args.host)}:{port}{_verifier_note(config)}", flush=True)
         _wait_for_interrupt()
-        _drain(serve, config)
+        drained = _drain(serve, config)
     finally:
-        _stop(serve, ray, joined=args.address is not None)
+        _stop(serve, ray, joined=args.address is not None, graceful=drained)
     print("SpecScale stopped", flush=True)
     return 0
 
@@ -117,6 +132,7 @@ def _reporting_start(report: StartReport, poll_s: float = START_POLL_S) -> Itera
         yield
     finally:
         done.set()
+        thread.join(timeout=1.0)  # out of Ray's calls before Ray is shut down (it is a daemon: never longer)
 
 
 def _wait_for_interrupt() -> None:
@@ -127,8 +143,9 @@ def _wait_for_interrupt() -> None:
         pass
 
 
-def _drain(serve, config: ScaleOutConfig) -> None:
-    """Let the open requests finish (new ones get 503) and print what the replicas hold afterwards."""
+def _drain(serve, config: ScaleOutConfig) -> bool:
+    """Let the open requests finish (new ones get 503) and print what the replicas hold afterwards; False
+    when a second signal skipped it."""
     from specscale.scaleout.application import APP_NAME
 
     timeout_s = config.settings.drain_s
@@ -136,20 +153,37 @@ def _drain(serve, config: ScaleOutConfig) -> None:
         report = serve.get_app_handle(APP_NAME).drain.remote(timeout_s).result(timeout_s=timeout_s + 30)
     except KeyboardInterrupt:  # a second signal: stop now
         print("SpecScale drain skipped", flush=True)
-        return
+        return False
     state = "every search finished" if report.open_requests == 0 else "drain timeout"
     print(f"SpecScale drained ({state}): {report.describe()}", flush=True)
+    return True
 
 
-def _stop(serve, ray, joined: bool) -> None:
-    """Remove what this command deployed; a Ray instance it started goes down with Serve."""
+def _stop(serve, ray, joined: bool, graceful: bool) -> None:
+    """Remove what this command deployed; a Ray instance it started goes down with Serve.
+
+    `graceful` (after a drain): Serve deletes the application, or shuts down with the Ray instance this command
+    started, stopping each replica gracefully. Otherwise (interrupted while the layout came up, a failed start,
+    a skipped drain) at once: Serve's graceful stop of a replica Ray never scheduled waits out the replica's
+    and the controller's timeouts (`serve.shutdown` up to 30 s), so a Ray instance this command started is
+    shut down with everything in it, and on a joined cluster the deletion is only requested. Best effort
+    there: a failure to clean up must not hide the interrupt (or the error) that stopped the command."""
     from specscale.scaleout.application import APP_NAME
 
+    if graceful:
+        try:
+            if joined:
+                serve.delete(APP_NAME)
+            else:
+                serve.shutdown()
+        finally:  # a signal cut it short: Ray goes down all the same
+            ray.shutdown()
+        return
     if joined:
-        serve.delete(APP_NAME)
-    else:
-        serve.shutdown()
-    ray.shutdown()
+        with suppress(Exception):  # best effort: see above
+            serve.delete(APP_NAME, _blocking=False)
+    with suppress(Exception):
+        ray.shutdown()
 
 
 def free_port(host: str) -> int:
