@@ -131,3 +131,25 @@ def test_a_failing_cleanup_does_not_hide_the_interrupt(stand_in):
     with pytest.raises(KeyboardInterrupt):
         command.run_ray_serve(arguments(address="auto"), ScaleOutConfig())
     assert stand.calls[-1] == "ray.shutdown"
+
+
+def test_sigterm_while_ray_starts_is_the_commands_sigterm():
+    """ray.init's own SIGTERM handler exits with sys.exit(SIGTERM); the command says it was terminated."""
+    ray, serve = types.ModuleType("ray"), types.ModuleType("ray.serve")
+    ray.serve = serve
+
+    def init(**options):
+        sys.exit(signal.SIGTERM)
+
+    ray.init = init
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setitem(sys.modules, "ray", ray)
+            patch.setitem(sys.modules, "ray.serve", serve)
+            with pytest.raises(Terminated) as raised:
+                command.run_ray_serve(arguments(), ScaleOutConfig())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert interrupted_text(raised.value) == "interrupted while Ray was starting"
+    assert interrupted_status(raised.value) == 143

@@ -35,6 +35,7 @@ from specscale.server.settings import ServerSettings
 
 START_POLL_S = 5.0  # how often the start-up asks Serve and Ray what the layout still waits for
 STARTING_INTERRUPTED = "while the Ray layout was coming up"  # the interrupt line's tail
+RAY_STARTING_INTERRUPTED = "while Ray was starting"
 
 
 def add_ray_flags(p) -> None:
@@ -73,13 +74,18 @@ def run_ray_serve(args, config: ScaleOutConfig) -> int:
     import ray
     from ray import serve
 
-    from specscale.cli import raise_terminated
+    from specscale.cli import Terminated, raise_terminated
     from specscale.scaleout.application import APP_NAME, build_application
 
     port = args.port or free_port(args.host)
-    ray.init(address=args.address, include_dashboard=False, logging_level=args.log_level.upper())
-    if threading.current_thread() is threading.main_thread():  # ray.init put in a SIGTERM handler of its own
-        signal.signal(signal.SIGTERM, raise_terminated)  # SIGTERM stops like Ctrl-C (cli.main: status 143)
+    try:
+        ray.init(address=args.address, include_dashboard=False, logging_level=args.log_level.upper())
+        if threading.current_thread() is threading.main_thread():  # ray.init put in a SIGTERM handler of its own
+            signal.signal(signal.SIGTERM, raise_terminated)  # SIGTERM stops like Ctrl-C (cli.main: status 143)
+    except SystemExit as exit_:  # that handler's sys.exit(SIGTERM): the command's SIGTERM all the same
+        if exit_.code != signal.SIGTERM:
+            raise
+        raise Terminated(RAY_STARTING_INTERRUPTED) from None  # Ray's atexit hook stops what it started
     drained = False  # until then an interrupt stops at once (_stop)
     try:
         try:
