@@ -292,7 +292,7 @@ def loop_main(args, keep_engines: bool = False):
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "sal.json").write_text(json.dumps(result, indent=1) + "\n")
+        (out / "sal.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
         (out / "sal.md").write_text(f"# search-and-learn's beam search on vLLM\n\n`{info['command']}`\n\n"
                                     f"{info['date_utc']} UTC, {info['cpu']}, commit {info['commit']}, "
                                     f"vLLM {info['vllm']}\n\n{text}\n")
@@ -449,7 +449,7 @@ def timed_bench_main(args) -> int:
         (out / "vllm_overhead.json").write_text(json.dumps(record, indent=1) + "\n")
         if sal is not None and code == 0:
             side = side_by_side(sal[0], json.loads((out / "raw.json").read_text()), record)
-            (out / "side.json").write_text(json.dumps(side, indent=1) + "\n")
+            (out / "side.json").write_text(json.dumps(side, separators=(",", ":")) + "\n")
             (out / "side.md").write_text(side_table(side) + "\n")
             print(side_table(side))
     return code
