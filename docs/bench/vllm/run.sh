@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The runs of docs/bench/vllm-ladder.md, from the repository root, each under the shared CPU lock.
-#   docs/bench/vllm/run.sh vllm-c32 | vllm-c1 | engine-c32 | engine-c1
+#   docs/bench/vllm/run.sh vllm-c32 | vllm-c1 | sal-seeds | engine-c32 | engine-c1
 set -euo pipefail
 LADDER=beam,beam+cd,ep+cd,specscale,specscale-nospec
 COMMON=(--variants "$LADDER" --problems 64 --beam-sizes 8 --no-profile-prm)
@@ -14,9 +14,12 @@ case "$1" in
     VLLM_CPU_KVCACHE_SPACE=1 "${LOCK[@]}" .venv-vllm/bin/python benchmarks/sal_vllm_loop.py timed-bench \
       --modes one --problems 64 --beam-size 8 --repeats 2 -- \
       bench throughput --backend vllm "${COMMON[@]}" --repeats 2 --max-concurrency 1 --out docs/bench/vllm/vllm-c1 ;;
+  sal-seeds)  # the loop with and without a seed per request (SpecScale's backend seeds every lane)
+    VLLM_CPU_KVCACHE_SPACE=1 "${LOCK[@]}" .venv-vllm/bin/python benchmarks/sal_vllm_loop.py loop \
+      --modes one,one+seeds,lockstep,lockstep+seeds --problems 64 --beam-size 8 --repeats 1 --out docs/bench/vllm/sal-seeds ;;
   engine-c32|engine-c1)  # the same ladder on our engine (project venv)
     c=${1#engine-c}
     "${LOCK[@]}" .venv/bin/specscale bench throughput --backend engine --threads 2 "${COMMON[@]}" --repeats 2 \
       --max-concurrency "$c" --out "docs/bench/vllm/engine-c$c" ;;
-  *) echo "usage: $0 vllm-c32|vllm-c1|engine-c32|engine-c1" >&2; exit 2 ;;
+  *) echo "usage: $0 vllm-c32|vllm-c1|sal-seeds|engine-c32|engine-c1" >&2; exit 2 ;;
 esac
