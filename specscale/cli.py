@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from importlib.metadata import entry_points
 
+from specscale.interrupt import Terminated, raise_terminated  # noqa: F401  (its importers take them from here too)
 from specscale.usage_error import UsageError  # noqa: F401  (its importers take it from here too)
 
 COMMAND_GROUP = "specscale.commands"
@@ -32,8 +33,6 @@ USAGE_ERROR_STATUS = 2  # argparse's own status for a bad command line
 MAX_COMMAND_WORDS = 2  # a command and its sub-command (`simulate throughput`)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt, so that one path stops a command on either."""
 
 
 
@@ -200,8 +199,6 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def raise_terminated(signum, frame) -> None:
-    raise Terminated()
 
 
 # ---- after the command: the process's own exit ---------------------------------------------------------

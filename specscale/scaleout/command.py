@@ -74,7 +74,7 @@ def run_ray_serve(args, config: ScaleOutConfig) -> int:
     import ray
     from ray import serve
 
-    from specscale.cli import Terminated, raise_terminated
+    from specscale.interrupt import Terminated, raise_terminated
     from specscale.scaleout.application import APP_NAME, build_application
 
     port = args.port or free_port(args.host)
