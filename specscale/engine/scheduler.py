@@ -80,7 +80,7 @@ class Scheduler:
     def has_work(self) -> bool:
         """Whether the next iteration would run a row. A low-priority (speculative) sequence counts only when
         the row budget leaves it room (`spare_rows` > 0): with none it waits to be promoted, and a caller that
-        stepped on it would spin on empty iterations (the runtime's idle flush, SPEC 3.3 trigger 4, relies on this)."""
+        stepped on it would spin on empty iterations (the runtime's idle flush, docs/design.md "Verification" trigger 4, relies on this)."""
         return any(s.priority >= 0 or self.spare_rows > 0 for s in self._schedulable())
 
     def _schedulable(self) -> Iterator[Sequence]:

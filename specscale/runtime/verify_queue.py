@@ -12,7 +12,7 @@ the queue calls:
   threshold; a policy of the "request" flush scope (an ablation) flushes its own request's steps only;
 - `ONE_REQUEST` steps (FastTTS's "per_request") are ready at once but a PRM batch holds one request's steps only;
 - `LOCK_STEP` steps ("lock_step", `beam-sync`) are never ready by themselves: they wait for the flush below.
-When the generator has nothing to run (`any_batch`: SPEC 3.3's fourth trigger, every live sequence paused for
+When the generator has nothing to run (`any_batch`: lazy verification's fourth trigger, docs/design.md "Verification"; every live sequence paused for
 scores, speculative ones without room in the row budget included), whatever is queued is flushed: waiting
 would only idle the device.
 """
