@@ -5,20 +5,12 @@ dataset out) and parses back to the same settings."""
 
 from __future__ import annotations
 
-import argparse
 import re
 import shlex
 
 from specscale.cli import build_parser
 from specscale_lab.evaluation.command import recorded_run
-
-
-def command_parser(words: list[str]) -> argparse.ArgumentParser:
-    parser = build_parser()
-    for word in words:
-        parser = next(action for action in parser._actions
-                      if isinstance(action, argparse._SubParsersAction)).choices[word]
-    return parser
+from test_cli_names import command_parser
 
 
 def test_eval_and_bench_take_presets_alike():
