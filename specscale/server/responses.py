@@ -8,7 +8,9 @@ it stands for), and `score_error`: null, or why the PRM did not score every step
 exceeded the PRM's context; its score then covers the steps that fit). `usage` is honest: completion_tokens counts the tokens of the returned paths only;
 `generated_tokens` (everything sampled), `wasted_tokens` (cancelled speculation) and
 `search_output_tokens` (all completed paths) are extensions. The `search` object holds the selected
-answer, both votes, the rounds and the timings. A stream sends a `search_progress` extension per
+answer, both votes, the rounds, the timings and `early_exit`: null for a search that ran to its end, else
+the rule of `search/early_exit.py` that ended it ("settled", "certain" or "stalled"; a stalled search with
+no completed path answers with its running paths, docs/design.md "Early exit"). A stream sends a `search_progress` extension per
 decided round with an empty delta (so the concatenated deltas are exactly the final answer), then the
 paths, an optional usage chunk, and `data: [DONE]`.
 """
@@ -19,6 +21,7 @@ import json
 import time
 from dataclasses import asdict
 
+from specscale.search.early_exit import ExitedResult
 from specscale.search.result import CompletedPath, SearchResult
 from specscale.server.engine_loop import RoundProgress
 from specscale.server.search_builder import PreparedSearch
@@ -59,8 +62,13 @@ def search_summary(prepared: PreparedSearch, result: SearchResult) -> dict:
         "answer": selected_answer(result, prepared.answer_selection), "best_answer": result.answer,
         "weighted_vote": result.weighted_vote, "majority_vote": result.majority_vote,
         "rounds": result.rounds, "completed_paths": sum(p.copies for p in result.paths),
-        "timings": asdict(result.timings),
+        "timings": asdict(result.timings), "early_exit": early_exit(result),
     }
+
+
+def early_exit(result: SearchResult) -> str | None:
+    """The exit rule that ended the search early, or None when it ran until its selection ended it."""
+    return result.early_exit if isinstance(result, ExitedResult) else None
 
 
 def path_fields(path: CompletedPath) -> dict:
