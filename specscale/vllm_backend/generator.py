@@ -7,7 +7,8 @@ Each `SequenceOp` becomes vLLM requests (docs/design.md, "vLLM backend", says wh
 - `BranchSequence` -> a request whose prompt is the source's tokens plus `token_ids`: the source's KV is found
   in vLLM's prefix cache (its full blocks; the tokens past the last full block are recomputed), counted in
   `cache_stats`;
-- multiplicity m (CD) -> m requests, one per lane, each with its lane's seed; lanes 1..m-1 are reported as
+- multiplicity m (CD) -> m requests, one per lane, each with its lane's seed (with `request_seeds` off, every
+  request draws from vLLM's own stream: engine_client.py `seeds_per_request`); lanes 1..m-1 are reported as
   split off the first in the next step, before any of them drew a token (vLLM runs each lane as its own row
   from its first token: CD's shared rows are lost, its lanes and seeds are kept);
 - `AbortSequence` -> abort (vLLM frees the request's blocks at once); `PauseSequence` -> abort, the tokens kept;
@@ -88,8 +89,12 @@ class CacheStats:
 
 
 class VllmGenerator:
-    def __init__(self, engine: RequestEngine, tokenizer: Tokenizer, spare_rows: int | None = None):
+    def __init__(self, engine: RequestEngine, tokenizer: Tokenizer, spare_rows: int | None = None,
+                 request_seeds: bool = True):
+        """request_seeds: send each lane's seed with its request (False: vLLM draws from its own stream; the
+        platforms where that is chosen, and what it costs: engine_client.py `seeds_per_request`)."""
         self.engine = engine
+        self.request_seeds = request_seeds
         self.tokenizer = tokenizer
         self.spare_rows = spare_rows
         self.rules = SegmentRules(tokenizer.token_bytes, frozenset(tokenizer.eos_token_ids), engine.max_model_len)
@@ -217,7 +222,8 @@ class VllmGenerator:
             seq.requests_added += 1
             seq.request_id = f"{self._prefix}-{seq.seq_id}-{seq.requests_added}"
             max_tokens = 1 if seq.params is None else seq.remaining_tokens()
-            self.engine.add(seq.request_id, seq.tokens, seq.params, seq.seed, max_tokens, seq.priority)
+            seed = seq.seed if self.request_seeds else None
+            self.engine.add(seq.request_id, seq.tokens, seq.params, seed, max_tokens, seq.priority)
             self._by_request[seq.request_id] = seq
             self._fresh[seq.request_id] = len(seq.tokens)
             seq.phase = Phase.RUNNING

@@ -11,6 +11,7 @@ profile or knee; the row budget reaches `VllmGenerator`, which holds speculative
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,8 +31,13 @@ from specscale.runtime.runtime import SearchRequest
 from specscale.stack import Stack
 from specscale.tokenizer import Tokenizer
 from specscale.verify.profile import load_lv_threshold
-from specscale.vllm_backend.engine_args import VllmBackendError, import_vllm
-from specscale.vllm_backend.engine_client import VllmEngineClient, generator_engine_args
+from specscale.vllm_backend.engine_args import VllmBackendError, import_vllm, split_backend_args
+from specscale.vllm_backend.engine_client import (
+    VllmEngineClient,
+    generator_engine_args,
+    seeds_per_request,
+    unseeded_notice,
+)
 from specscale.vllm_backend.generator import VllmGenerator
 
 BACKENDS = ("engine", "vllm")
@@ -40,7 +46,8 @@ BACKENDS = ("engine", "vllm")
 @dataclass(frozen=True)
 class VllmPipelineConfig:
     """pipeline: models, device, seeds, limits (as for our engine); generator_backend / verifier_backend:
-    "vllm" or "engine"; vllm_args: engine arguments passed to vLLM as given (`--vllm-arg`)."""
+    "vllm" or "engine"; vllm_args: `--vllm-arg`s, passed to vLLM as given but for SpecScale's own
+    (`request_seeds`, engine_args.py)."""
 
     pipeline: PipelineConfig = PipelineConfig()
     generator_backend: str = "vllm"
@@ -85,10 +92,13 @@ class VllmStack(Stack):
         p = config.pipeline
         device = device_properties(config)
         self.client: VllmEngineClient | None = None
+        self.request_seeds = True  # the lanes' seeds go with their vLLM requests (`_resolve_request_seeds`)
         if config.generator_backend == "vllm":
             tokenizer = Tokenizer(p.generator)
-            args = generator_engine_args(p.generator, p.generator_dtype, p.seed, p.max_num_seqs, config.vllm_args)
+            engine_args, seeds_mode = split_backend_args(config.vllm_args)
+            args = generator_engine_args(p.generator, p.generator_dtype, p.seed, p.max_num_seqs, engine_args)
             self.client = VllmEngineClient(args, sorted(tokenizer.eos_token_ids))
+            self.request_seeds = self._resolve_request_seeds(self.client, seeds_mode)
             super().__init__(None, self._verifier(config), clock or time.perf_counter, device, p.max_concurrency,
                              tokenizer, self.client.max_model_len)
         else:
@@ -97,17 +107,26 @@ class VllmStack(Stack):
                              our.tokenizer, our.context_tokens)
 
     @staticmethod
+    def _resolve_request_seeds(client: VllmEngineClient, mode: str) -> bool:
+        """`seeds_per_request` on this engine's device and chunked-prefill setting; the one-line notice on
+        stderr when "auto" leaves the lanes unseeded."""
+        seeded = seeds_per_request(mode, client.device_type, client.chunked_prefill)
+        if not seeded and mode == "auto":
+            print(unseeded_notice(client.device_type), file=sys.stderr, flush=True)
+        return seeded
+
+    @staticmethod
     def _verifier(config: VllmPipelineConfig) -> VerifierBackend:
         if config.verifier_backend == "engine":
             return build_verifier(config.pipeline)
         from specscale.vllm_backend.verifier import VllmVerifier
 
-        return VllmVerifier.from_config(config.pipeline, config.vllm_args)
+        return VllmVerifier.from_config(config.pipeline, split_backend_args(config.vllm_args)[0])
 
     def backends(self) -> tuple[GeneratorBackend, VerifierBackend]:
         if self.client is None:  # the generator on our engine
             return super().backends()
-        return VllmGenerator(self.client, self.tokenizer, self.device.spare_rows), self.verifier
+        return VllmGenerator(self.client, self.tokenizer, self.device.spare_rows, self.request_seeds), self.verifier
 
     def forget_cached_prefixes(self) -> None:
         super().forget_cached_prefixes()
@@ -118,11 +137,13 @@ class VllmStack(Stack):
         return super().generator_kv_blocks() if self.client is None else self.client.kv_usage.total_blocks
 
     def describe(self) -> str:
-        """The start-up line of `specscale serve`: which backend runs each model."""
+        """The start-up line of `specscale serve` (and a vLLM bench's record): which backend runs each model,
+        and whether the generator's lanes go to vLLM unseeded."""
         c = self.config
         version = _vllm_version()
+        seeds = "" if self.request_seeds else " (lanes without per-request seeds)"
         return (f"generator {c.pipeline.generator} on {'vLLM ' + version if c.generator_backend == 'vllm' else 'our engine'}"
-                f", PRM {c.pipeline.prm} on {'vLLM ' + version if c.verifier_backend == 'vllm' else 'our engine'}")
+                f"{seeds}, PRM {c.pipeline.prm} on {'vLLM ' + version if c.verifier_backend == 'vllm' else 'our engine'}")
 
     def kernels(self) -> dict:
         return {"generator": f"vllm {_vllm_version()}" if self.client is not None else "engine"}
