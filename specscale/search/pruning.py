@@ -11,10 +11,13 @@ candidates to cancel (with their subtrees):
 - none: nothing is cancelled before its round is decided;
 - strict: tau = the k-th best score among candidates certain to be in the round's pool; a candidate
   strictly below tau is cancelled with its subtree. It never changes what is retained (`ep-strict` keeps
-  exactly what `beam` keeps, ties and exact 1.0 scores included);
+  exactly what `beam` keeps, ties and exact 1.0 scores included). Below tau means below the lowest score the
+  retention policy may keep (`search/retention.py` `lowest_kept`: tau itself by score, tau less the margin
+  with KV-aware retention);
 - strict_ties: strict, and a candidate tied with the k-th best is cancelled too when k certain copies rank
   before it in the order selection breaks ties by (score, then tree position); it still retains exactly what
-  `beam` retains, and prunes the ties strict keeps (exact 1.0 scores: docs/design.md, "Early pruning").
+  `beam` retains, and prunes the ties strict keeps (exact 1.0 scores: docs/design.md, "Early pruning"); with a
+  retention other than by score (which breaks ties by its own order) it is strict.
 
 The perfect-score shortcut (a separate switch, `SearchConfig.perfect_shortcut`, registered in `SHORTCUT` as
 "on" and "off") is `PerfectShortcut`, whose hook `closes(rd)` `Search` asks before deciding a round: k certain
@@ -28,6 +31,7 @@ from specscale.config import SearchConfig
 from specscale.search import policies
 from specscale.search.ops import SearchOps
 from specscale.search.registry import OFF, ON, Registry
+from specscale.search.retention import RETENTION, ScoreRetention
 from specscale.search.tree import Candidate, CandidateState, Round
 
 PRUNING: Registry[NoPruning] = Registry("pruning")
@@ -41,6 +45,7 @@ class NoPruning:
     def __init__(self, config: SearchConfig):
         self.config = config
         self.k = config.num_retained
+        self.retention = RETENTION.chosen(config)(config)  # the lowest score a round may still retain
 
     def after_score(self, search: SearchOps, c: Candidate) -> list[Candidate]:
         return []
@@ -64,7 +69,7 @@ class StrictPruning(NoPruning):
         distinct = self.config.filter_duplicates
         eligible = policies.distinct_paths(scored) if distinct else scored
         tau = policies.strict_threshold(eligible, self.k, distinct)  # every one of them is certain: parents decided
-        return [] if tau is None else [c for c in scored if c.score < tau]
+        return [] if tau is None else [c for c in scored if c.score < self.retention.lowest_kept(tau)]
 
 
 @PRUNING.register("strict_ties")
@@ -74,7 +79,7 @@ class TiedStrictPruning(StrictPruning):
     k-th best. With `filter_duplicates` a path's copies compete as one and the strict rule applies unchanged."""
 
     def losers(self, rd: Round) -> list[Candidate]:
-        if self.config.filter_duplicates:
+        if self.config.filter_duplicates or type(self.retention) is not ScoreRetention:
             return super().losers(rd)
         scored = _competing(rd)
         if sum(c.multiplicity for c in scored) < self.k:

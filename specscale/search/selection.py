@@ -8,7 +8,8 @@ its name in `SELECTION` (`search/registry.py`).
   (cyclically, or by FastTTS's dynamic branching); the search ends once the pool holds N paths, nothing
   is left to continue, or the last round (generated to EOS) is decided. With `filter_duplicates`
   (search-and-learn's option, off by default) identical paths compete as one logical copy, so fewer
-  than k distinct paths may be retained and they share the N children.
+  than k distinct paths may be retained and they share the N children. Which k copies are retained is its
+  retention policy's (`search/retention.py`, `SearchConfig.retention`): by score, or KV-aware.
 - `BestOfNSelection`: N whole solutions in one round (the last round is round 0).
 - `DVTSSelection`: search-and-learn's diverse verifier tree search. The N root children form N / M
   subtrees of M; per subtree the best candidate of the round, completed ones included, is kept and gets
@@ -25,6 +26,7 @@ from specscale.config import SearchConfig
 from specscale.search import policies
 from specscale.search.branching import BRANCHING_SCORES, dynamic_children
 from specscale.search.registry import Registry
+from specscale.search.retention import RETENTION
 from specscale.search.tree import Candidate
 
 BOXED = "boxed{"
@@ -50,6 +52,7 @@ class Selection(ABC):
     def __init__(self, config: SearchConfig):
         self.config = config
         self.k = config.num_retained
+        self.retention = RETENTION.chosen(config)(config)  # which k copies a beam round keeps
 
     def last_round(self) -> int:
         """The round that generates to EOS."""
@@ -73,7 +76,7 @@ class BeamSelection(Selection):
         if last or not active or pooled >= self.config.beam_size:
             return Verdict(completed, [], active, done=True)
         eligible = policies.distinct_paths(active) if self.config.filter_duplicates else active
-        retained = policies.top_k_copies(eligible, self.k, one_copy_each=self.config.filter_duplicates)
+        retained = self.retention.retain(eligible, self.k, one_copy_each=self.config.filter_duplicates)
         kept = {c for c, _ in retained}
         return Verdict(completed, retained, [c for c in active if c not in kept])
 
