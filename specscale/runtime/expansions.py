@@ -107,8 +107,11 @@ class Expansions:
             for seq in state.expansion_seqs.pop(expansion, set()):
                 self.sequences.cancel(seq, metrics)
             state.deferred = [a for a in state.deferred if a.expansion_id != expansion]
-        for handle in action.handles:
+        for handle in action.handles:  # held candidates, or a running step stopped alone (partial rejection)
             state.held.discard(handle)
+            running = self.sequences.physical.get(handle)
+            if running is not None and running.expansion_id is not None:
+                state.expansion_seqs.get(running.expansion_id, set()).discard(handle)
             self.sequences.cancel(handle, metrics)
 
 

@@ -55,6 +55,13 @@ class SearchOps(Protocol):
     def verify_round(self, rd: Round) -> list[Action]:
         """Send round rd's unverified candidates (and what the lookahead policy verifies with them) at once."""
 
+    def new_id(self) -> int:
+        """A fresh id, unused by any expansion or candidate (a partial readout's)."""
+
+    def stop_lanes(self, e: Expansion, lanes: tuple[int, ...], handle: int, time: float) -> list[Action]:
+        """Stop lanes of e that sequence `handle` is still generating: their sequence is aborted (its KV freed)
+        and the round goes on without them (partial rejection)."""
+
     def group_complete(self, e: Expansion) -> bool:
         """Whether e's group (its siblings, or its round with `lv_group="round"`) has finished its step."""
 

@@ -42,6 +42,20 @@ class GenerationLost:
 
 
 @dataclass(frozen=True)
+class StepPartial:
+    """Sequence `handle` of expansion `expansion_id` is still writing its step and has written `num_tokens` of it
+    (`text`), as many as the search's partial-rejection policy asked to watch for (docs/design.md,
+    "Partial-step rejection"). lanes: the logical children the sequence holds now."""
+
+    expansion_id: int
+    handle: int
+    text: str
+    num_tokens: int
+    lanes: tuple[int, ...]
+    time: float
+
+
+@dataclass(frozen=True)
 class ScoresArrived:
     """PRM step scores for candidate id `candidate` (all steps of its path, in order)."""
 
@@ -150,4 +164,4 @@ class Done:
 
 
 Action = Expand | Verify | Cancel | Release | SetPriority | Pause | Resume | Done
-Event = StepFinished | GenerationLost | ScoresArrived | Cancelled
+Event = StepFinished | StepPartial | GenerationLost | ScoresArrived | Cancelled

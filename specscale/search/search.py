@@ -13,7 +13,9 @@ from its `SearchConfig` (a preset line in `search/presets.py`):
 - pruning (`search/pruning.py`): which verified candidates to cancel after a score arrives and after a round
   is decided (none, the strict early-pruning threshold, ...), and the perfect-score shortcut;
 - dedup (`search/dedup.py`): computation deduplication (one expansion per parent, one lane per logical
-  child) and search-and-learn's duplicate filtering.
+  child) and search-and-learn's duplicate filtering;
+- partial rejection (`search/partial_rejection.py`): a PRM readout of a running step's first tokens
+  (`StepPartial`) and the stop of a step clearly below its round's bar.
 
 Every kind of policy is a registry of classes (`search/registry.py`), and `build_policies`
 (`search/policy_set.py`) builds a search's policies from its config. `Search` calls each policy's hooks, handing
@@ -49,6 +51,7 @@ from specscale.search.protocol import (
     ScoresArrived,
     SetPriority,
     StepFinished,
+    StepPartial,
     Verify,
 )
 from specscale.search.result import SearchResult, build_result
@@ -83,6 +86,7 @@ class Search:
         self.shortcut = built.shortcut
         self.dedup = built.dedup
         self.exit = built.exit
+        self.partial = built.partial
         self.last_round = self.selection.last_round()  # the round that generates to EOS
         self.rounds: list[Round] = []
         self.expansions: dict[int, Expansion] = {}
@@ -107,7 +111,7 @@ class Search:
             return [Release((handle,))] if handle is not None else []
         handlers: dict[type, Callable[[Any], list]] = {
             StepFinished: self._on_step_finished, ScoresArrived: self._on_scores,
-            GenerationLost: self._on_lost, Cancelled: self._on_cancelled,
+            GenerationLost: self._on_lost, Cancelled: self._on_cancelled, StepPartial: self._on_partial,
         }
         handler = handlers.get(type(event))
         return handler(event) if handler else []
@@ -120,6 +124,7 @@ class Search:
         kept = tuple(j for j in ev.lanes if j in e.kept)
         e.pending -= set(ev.lanes)
         actions = [] if e.keep_left else self._stop_generating(e)
+        actions += self.partial.on_step_finished(self, e)
         if not kept:
             return ([Release((ev.handle,))] if ev.handle is not None else []) + actions + self._progress(e, ev.time)
         c = self._new_candidate(e, ev, kept)
@@ -138,9 +143,14 @@ class Search:
             e.cancelled = True
         return self._progress(e, ev.time)
 
+    def _on_partial(self, ev: StepPartial) -> list:
+        return self.partial.on_partial(self, ev)
+
     def _on_scores(self, ev: ScoresArrived) -> list:
         c = self.candidates.get(ev.candidate)
-        if c is None or not c.alive:
+        if c is None:  # a partial readout (search/partial_rejection.py)
+            return self.partial.on_scored(self, ev)
+        if not c.alive:
             return []
         c.step_scores = ev.step_scores
         c.score = policies.aggregate(ev.step_scores, self.config.aggregation)
@@ -152,6 +162,7 @@ class Search:
         actions += self._drop(self.pruning.after_score(self, c))
         actions += self.speculation.on_scored(self, c, ev.time)
         actions += self._try_decide(ev.time)
+        actions += [] if self.done else self.partial.after_score(self, c, ev.time)
         return actions + ([] if self.done else self._exit(self.exit.after_score(self, self.finished_pool), ev.time))
 
     def _on_cancelled(self, ev: Cancelled) -> list:
@@ -181,6 +192,25 @@ class Search:
     def verify(self, c: Candidate, completes_group: bool) -> Verify:
         c.verify_sent = True
         return Verify(c.id, tuple(c.steps()), completes_group)
+
+    def new_id(self) -> int:
+        """A fresh id: expansions, candidates and partial readouts share one space."""
+        return next(self._ids)
+
+    def stop_lanes(self, e: Expansion, lanes: tuple[int, ...], handle: int, time: float) -> list[Action]:
+        """Stop lanes of e that sequence `handle` is still generating (partial rejection): their children are
+        no longer wanted; the sequence is aborted (e's other sequences too when no wanted lane is left)."""
+        stopped = set(lanes)
+        others = (e.pending & e.kept) - stopped
+        e.kept -= stopped
+        if others:
+            e.pending -= stopped
+            actions: list[Action] = [Cancel(handles=(handle,))]
+        else:
+            actions = self._stop_generating(e)
+        if not e.kept:
+            e.cancelled = True
+        return actions + self._progress(e, time)
 
     def group_complete(self, e: Expansion) -> bool:
         """Whether e's group has finished its step (lazy verification's group trigger): its sibling group,
