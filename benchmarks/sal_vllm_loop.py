@@ -149,6 +149,22 @@ class SalLoop:
         self.verifier = VllmVerifier.from_config(config, overrides)
         self.generate_calls = self.prm_calls = self.prm_paths = 0
         self.generate_s = self.prm_s = 0.0
+        self.vllm_steps, self.vllm_step_s = 0, 0.0
+        self._count_steps(self.llm.llm_engine)
+
+    def _count_steps(self, engine) -> None:
+        """vLLM's steps inside `LLM.generate` (each one scheduler iteration) and their time."""
+        step = engine.step
+
+        def counted():
+            start = time.perf_counter()
+            try:
+                return step()
+            finally:
+                self.vllm_step_s += time.perf_counter() - start
+                self.vllm_steps += 1
+
+        engine.step = counted
 
     def prompt_ids(self, question: str) -> list[int]:
         return list(self._render(question))
@@ -233,6 +249,7 @@ def _run_mode(loop: SalLoop, problems, mode: str, base: str, n: int, m: int, bat
     loop.llm.reset_prefix_cache()  # no run reuses another's cached prefixes (as `specscale bench`)
     loop.generate_calls = loop.prm_calls = loop.prm_paths = 0
     loop.generate_s = loop.prm_s = 0.0
+    loop.vllm_steps, loop.vllm_step_s = 0, 0.0
     states = [ProblemState(i, p.question, loop.prompt_ids(p.question), n, n // m) for i, p in enumerate(problems)]
     size = 1 if base == "one" else batch
     start = time.perf_counter()
@@ -254,6 +271,7 @@ def _run_mode(loop: SalLoop, problems, mode: str, base: str, n: int, m: int, bat
         "prm_calls": loop.prm_calls, "prm_paths": loop.prm_paths, "generate_calls": loop.generate_calls,
         "rounds": sum(s.rounds for s in states), "generation_s": loop.generate_s, "verification_s": loop.prm_s,
         "seeded": int(loop.args.seeded), "correct": [int(c) for c in correct],
+        "vllm_steps": loop.vllm_steps, "vllm_step_s": loop.vllm_step_s,
     }
 
 
@@ -344,12 +362,22 @@ class StepTimer:
         self.vllm_step_s = 0.0  # LLMEngine.step
         self.vllm_other_s = 0.0  # LLMEngine.add_request / abort_request
         self.steps = 0
+        self.rows = 0  # requests that drew a token, summed over steps (vLLM's decode rows)
         self.depth = 0
         self.cells = 0
 
     def reset(self) -> None:
         self.backend_s = self.vllm_step_s = self.vllm_other_s = 0.0
-        self.steps = 0
+        self.steps = self.rows = 0
+
+    def totals(self) -> tuple[float, float, float, int, int]:
+        return self.backend_s, self.vllm_step_s, self.vllm_other_s, self.steps, self.rows
+
+    def cell_record(self, before: tuple[float, float, float, int, int]) -> dict:
+        """One cell's share (the totals since `before`): its vLLM steps, their time and rows, the backend's own."""
+        backend, step, other, steps, rows = (now - then for now, then in zip(self.totals(), before, strict=True))
+        return {"vllm_steps": steps, "vllm_step_s": step, "vllm_rows_per_step": rows / steps if steps else 0.0,
+                "backend_own_s": backend - step - other, "vllm_add_abort_s": other}
 
     def install(self) -> None:
         from specscale.vllm_backend import engine_client, generator
@@ -383,13 +411,16 @@ class StepTimer:
     def inner(self, function, is_step: bool):
         def timed(*a, **k):
             start = time.perf_counter()
+            outputs = None
             try:
-                return function(*a, **k)
+                outputs = function(*a, **k)
+                return outputs
             finally:
                 spent = time.perf_counter() - start
                 if is_step:
                     self.vllm_step_s += spent
                     self.steps += 1
+                    self.rows += sum(1 for out in outputs or () if out.outputs and out.outputs[0].token_ids)
                 else:
                     self.vllm_other_s += spent
         return timed
@@ -433,11 +464,13 @@ def timed_bench_main(args) -> int:
     throughput.serving_numbers = with_answers
     cell = throughput.run_cell
 
-    def timed_cell(*a, **k):  # the backend's time in the timed cells only (not the warm-up)
+    def timed_cell(*a, **k):  # the backend's time in the timed cells only (not the warm-up), and each cell's
         if not timer.cells:
             timer.reset()
         timer.cells += 1
-        return cell(*a, **k)
+        before = timer.totals()
+        record = cell(*a, **k)
+        return {**record, **timer.cell_record(before)}
 
     throughput.run_cell = timed_cell
     started = time.perf_counter()
@@ -466,7 +499,8 @@ def side_by_side(sal: dict, raw: dict, overhead: dict) -> dict:
         first = min(runs, key=lambda r: r["repeat"])
         bench[variant] = {k: statistics.median(r[k] for r in runs) for k in (
             "requests_per_s", "output_tokens_per_s", "correct_per_s", "accuracy", "verifier_calls",
-            "generated_tokens", "output_tokens", "physical_to_logical", "elapsed_s")}
+            "generated_tokens", "output_tokens", "physical_to_logical", "elapsed_s", "generation_s",
+            "verification_s", *TIME_KEYS) if all(k in r for r in runs)}
         bench[variant]["correct"] = first.get("correct")
         bench[variant]["repeats"] = len(runs)
     ratios = []
@@ -480,6 +514,26 @@ def side_by_side(sal: dict, raw: dict, overhead: dict) -> dict:
     return {"sal": sal["summary"], "bench": bench, "ratios": ratios, "overhead": overhead,
             "max_concurrency": raw["run"].get("settings", raw["run"]).get("max_concurrency")
             if isinstance(raw["run"], dict) else None}
+
+
+TIME_KEYS = ("vllm_steps", "vllm_step_s", "vllm_rows_per_step", "backend_own_s")  # StepTimer.cell_record's
+
+
+def time_table(side: dict) -> list[str]:
+    """Where each searcher's time went (medians): the generator's share (vLLM's steps: how many, their time, the
+    tokens each drew on average) and the PRM's (calls, time), and the backend's own Python per step."""
+    lines = ["| searched by | elapsed s | generation s | PRM s | PRM calls | vLLM steps | tokens / step | ms / step "
+             "| backend's own ms / step |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = [("search-and-learn, " + loop_name(mode, r), r, r.get("prm_calls")) for mode, r in side["sal"].items()]
+    rows += [(f"SpecScale `{v}` on vLLM", r, r.get("verifier_calls")) for v, r in side["bench"].items()]
+    for name, r, calls in rows:
+        steps = r.get("vllm_steps") or 0
+        per_step = (f"{r['generated_tokens'] / steps:.1f} | {1e3 * r['vllm_step_s'] / steps:.2f}" if steps
+                    else "– | –")
+        own = f"{1e3 * r['backend_own_s'] / steps:.3f}" if steps and "backend_own_s" in r else "–"
+        lines.append(f"| {name} | {r['elapsed_s']:.1f} | {r.get('generation_s', 0):.1f} | "
+                     f"{r.get('verification_s', 0):.1f} | {calls or 0:,.0f} | {steps:,.0f} | {per_step} | {own} |")
+    return lines
 
 
 def _per_repeat(raw: dict, sal: dict, variant: str, mode: str) -> list[float]:
@@ -508,6 +562,7 @@ def side_table(side: dict) -> str:
                if "accuracy_diff" in r else "–")
         lines.append(f"| `{r['variant']}` / {loop} | {r['req_s_ratio']:.2f} | "
                      f"{', '.join(f'{x:.2f}' for x in r['ratio_per_repeat'])} | {acc} |")
+    lines += ["", *time_table(side)]
     o = side["overhead"]
     lines += ["", f"Backend's own Python time: {o['backend_own_per_step_ms']:.3f} ms per vLLM step against "
               f"{o['vllm_step_ms']:.3f} ms in vLLM's step ({100 * o['own_to_vllm_step']:.1f}%; {o['vllm_steps']:,} "

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The runs of docs/bench/vllm-ladder.md, from the repository root, each under the shared CPU lock.
 #   docs/bench/vllm/run.sh vllm-c32 | vllm-c1 | sal-seeds | engine-c32 | engine-c1
+# On vLLM-CPU (chunked prefill on) the backend sends its lanes without per-request seeds, as the loop does
+# (docs/design.md, "vLLM backend"); `--vllm-arg request_seeds=on` would restore them and fail at 32 in flight.
 set -euo pipefail
 LADDER=beam,beam+cd,ep+cd,specscale,specscale-nospec
 COMMON=(--variants "$LADDER" --problems 64 --beam-sizes 8 --no-profile-prm)
