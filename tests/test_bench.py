@@ -109,8 +109,10 @@ def test_accuracy_quick(models, tmp_path):
     for by_size in results.values():
         for cell in by_size.values():
             assert 0 <= cell["best_accuracy"] <= 1 and 0 <= cell["majority_vote_accuracy"] <= 1
-    seeds = {(r["variant"], r["seed"]) for r in json.loads((tmp_path / "raw.json").read_text())["runs"]}
-    assert len(seeds) == 5 * 2
+            assert cell["peak_kv_blocks"] > 0  # the most generator KV blocks a run held at once (median)
+    runs = json.loads((tmp_path / "raw.json").read_text())["runs"]
+    seeds = {(r["variant"], r["seed"]) for r in runs}
+    assert len(seeds) == 5 * 2 and all(r["peak_kv_blocks"] > 0 for r in runs)
     assert "CD pairing" in (tmp_path / "accuracy.md").read_text()  # specscale's share of beam's paths
 
 

@@ -5,7 +5,8 @@ variants differ only by their policies. Per (variant, beam size): accuracy of th
 PRM-weighted vote and of the plain majority vote over the returned paths, and the mean and 95% CI of
 the difference to `beam` at the same beam size. The CI treats the problem as the unit (the seeds of one
 problem are averaged first, since they share its difficulty): mean ± 1.96 standard errors. The share of
-(problem, seed) pairs on which a variant chose the same path as `beam` checks the pairing itself.
+(problem, seed) pairs on which a variant chose the same path as `beam` checks the pairing itself. Each run
+records its wall time and the most generator KV blocks in use at once (`peak_kv_blocks`; per cell its median).
 References, on the same problems and seeds: `single-sample` (one full solution, no PRM) and
 `best-of-n` (N full solutions: the PRM's pick, the weighted vote and the plain majority vote).
 """
@@ -84,6 +85,7 @@ def measure(testbed, args, problems, cells) -> list[dict]:
                 "answers": [r.answer for r in batch.results],
                 "best_paths": [r.best.text if r.best else None for r in batch.results],
                 "elapsed_s": batch.elapsed_s,
+                "peak_kv_blocks": batch.runtime.metrics.peak_kv_blocks,  # generator KV blocks in use at most
             })
     return runs
 
@@ -132,6 +134,8 @@ def summarize(runs: list[dict], cells) -> dict:
     for variant, n in cells:
         cell: dict[str, Any] = {key + "_accuracy": accuracy(outcomes(runs, variant, n, key))
                 for key in ("best", "weighted_vote", "majority_vote")}
+        cell["peak_kv_blocks"] = statistics.median(r["peak_kv_blocks"] for r in runs
+                                                   if (r["variant"], r["beam_size"]) == (variant, n))
         beam = outcomes(runs, "beam", n)
         if variant not in ("beam", SINGLE) and beam:
             cell["difference_to_beam"] = paired_difference(outcomes(runs, variant, n), beam)
