@@ -111,6 +111,13 @@ class SearchConfig:
     completed path can no longer be overtaken: the same answer), "certain" (the best completed path scores at
     least exit_certainty and ranks above every running path's current score), "stall" (the best retained path's
     score has not risen for exit_stall_rounds decided rounds and is below exit_floor), "exact+stall" or "certain+stall".
+    partial_rejection: the partial-step rejection policy's name (search/partial_rejection.py), "off" or "kth" (a
+    running step's first partial_tokens tokens are scored by the PRM, and the step is stopped when that score is
+    below its round's k-th best verified score, or the k-th best partial score once more than k are in, by more
+    than partial_margin).
+    retention: which copies a beam round keeps (search/retention.py), "score" (the k best) or "kv" (within
+    retention_margin of the k-th best score: a new written answer first, then the fewest tokens of KV added to
+    the kept paths; ETS).
     All of them: docs/design.md.
     """
 
@@ -151,6 +158,11 @@ class SearchConfig:
     exit_certainty: float = 0.9
     exit_stall_rounds: int = 2
     exit_floor: float = 0.5
+    partial_rejection: str = "off"
+    partial_tokens: int = 16
+    partial_margin: float = 0.1
+    retention: str = "score"
+    retention_margin: float = 0.05
 
     def __post_init__(self) -> None:
         _check(self.beam_size >= 1, f"beam_size must be >= 1, got {self.beam_size}")
@@ -177,6 +189,9 @@ class SearchConfig:
         _check(0 < self.exit_certainty <= 1, f"exit_certainty must be in (0, 1], got {self.exit_certainty}")
         _check(self.exit_stall_rounds >= 1, f"exit_stall_rounds must be >= 1, got {self.exit_stall_rounds}")
         _check(0 <= self.exit_floor <= 1, f"exit_floor must be in [0, 1], got {self.exit_floor}")
+        _check(self.partial_tokens >= 1, f"partial_tokens must be >= 1, got {self.partial_tokens}")
+        _check(0 <= self.partial_margin <= 1, f"partial_margin must be in [0, 1], got {self.partial_margin}")
+        _check(0 <= self.retention_margin <= 1, f"retention_margin must be in [0, 1], got {self.retention_margin}")
 
     @property
     def num_retained(self) -> int:

@@ -13,6 +13,7 @@ from specscale.config import SearchConfig
 from specscale.search.dedup import DEDUP, OneExpansionPerChild
 from specscale.search.early_exit import EXIT, NoExit
 from specscale.search.lookahead import LOOKAHEAD, NoLookahead
+from specscale.search.partial_rejection import PARTIAL, NoPartialRejection
 from specscale.search.pruning import PRUNING, SHORTCUT, NoPruning, NoShortcut
 from specscale.search.selection import SELECTION, Selection
 from specscale.search.speculation import SPECULATION, NoSpeculation
@@ -31,6 +32,7 @@ class Policies:
     shortcut: NoShortcut
     dedup: OneExpansionPerChild
     exit: NoExit
+    partial: NoPartialRejection
 
 
 def build_policies(config: SearchConfig) -> Policies:
@@ -44,4 +46,5 @@ def build_policies(config: SearchConfig) -> Policies:
         shortcut=SHORTCUT.chosen(config)(config),
         dedup=DEDUP.chosen(config)(config),
         exit=EXIT.chosen(config)(config),
+        partial=PARTIAL.chosen(config)(config),
     )

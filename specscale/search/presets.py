@@ -56,6 +56,15 @@ PRESETS: dict[str, dict] = {
                                 verification="lazy", early_exit="certain"),
     "specscale+exit-stall": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True, dedup=True,
                                  verification="lazy", early_exit="exact+stall"),
+    # partial-step rejection (docs/design.md, "Partial-step rejection"): a running step scored at partial_tokens
+    # tokens is stopped when clearly below its round's k-th best (not exact)
+    "specscale+reject": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True, dedup=True, verification="lazy",
+                             partial_rejection="kth"),
+    # KV-aware retention (docs/design.md, "KV-aware retention"; ETS): among copies within retention_margin of a
+    # round's k-th best score, a new written answer first, then the fewest tokens of KV added (not exact)
+    "beam+kv": {"retention": "kv"},
+    "specscale+kv": dict(_SPECULATIVE, pruning="strict", perfect_shortcut=True, dedup=True, verification="lazy",
+                         retention="kv"),
 }
 
 
