@@ -2,6 +2,9 @@
 hand-made traces fed to a search, its stops carried out on the scripted backend (the sequence aborted before it
 finishes its step, every block freed), "off" changing nothing, and one run on the bundled toy models."""
 
+import statistics
+from dataclasses import replace
+
 import pytest
 
 from search_backends import SMALL, scripted_request, scripted_runtime
@@ -11,6 +14,9 @@ from specscale.search.partial_rejection import kth_best
 from specscale.search.presets import preset_config
 from specscale.search.protocol import Cancel, Expand, ScoresArrived, StepFinished, StepPartial, Verify
 from specscale.search.search import Search
+from specscale.sim.synthetic_prm import SyntheticPRM
+from specscale.sim.tokenizer import SyntheticTokenizer
+from specscale.sim.workload import preset
 
 K2 = dict(beam_size=4, beam_width=2, max_rounds=3, seed=0)  # k = 2 retained
 
@@ -173,3 +179,29 @@ def test_the_preset_runs_on_the_bundled_toy_models(toy_search_backend):
     assert all(r.paths and r.error is None for r in results)
     assert runtime.generator.num_live_sequences == 0
     toy_search_backend.release()
+
+
+def readout_pairs(rho: float, steps: int = 400) -> list[tuple[float, float]]:
+    """The simulated PRM's readouts after 2 words and after 8 words of many sound steps (one opener each)."""
+    workload = preset("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b")
+    params = replace(workload.prm, partial_correlation=rho)
+    tokenizer = SyntheticTokenizer("chatml")
+    prm = SyntheticPRM(params, tokenizer, "qwen-math-prm", seed=0)
+    pairs = []
+    for i in range(steps):
+        words = [tokenizer.words[(i * 7 + j * 13) % len(tokenizer.words)] for j in range(8)]
+        step = [tokenizer.question_ids[i % 200], tokenizer.good_openers[i % 8], *words]
+        pairs.append((prm.score(step[:4], 3), prm.score(step, len(step) - 1)))
+    return pairs
+
+
+def test_the_simulated_prm_correlates_a_steps_readouts_by_partial_correlation_and_not_by_default():
+    def within(pairs):
+        below = [(a, b) for a, b in pairs if a < 1.0 and b < 1.0]
+        return statistics.correlation([a for a, _ in below], [b for _, b in below])
+
+    assert abs(within(readout_pairs(0.0))) < 0.15
+    assert 0.45 < within(readout_pairs(0.6)) < 0.75
+    params = preset("math500", "qwen2.5-7b-instruct", "qwen2.5-math-prm-7b").prm
+    for u in ((0.5, 0.3), (0.9, 0.01), (0.1, 0.99)):  # rho = 0 is exactly the default model
+        assert params.readout_score(False, u, (0.2, 0.7), 0.4) == params.score(False, *u)

@@ -36,12 +36,25 @@ class SyntheticPRM(HeadModel):
         self.params, self.tokenizer, self.format_name, self.seed = params, tokenizer, format_name, seed
         self.head_size = 2 if format_name == "qwen-math-prm" else tokenizer.vocab_size
         self.plus_id, self.minus_id = tokenizer.encode("+")[-1], tokenizer.encode("-")[-1]
+        self.opener_ids = opener_ids(tokenizer)
+
 
     def score(self, token_ids, position: int) -> float:
-        """The score read at `position` of a PRM input (a function of token_ids[:position + 1])."""
+        """The score read at `position` of a PRM input (a function of token_ids[:position + 1]); with the
+        workload's partial_correlation, part of it is drawn once per step (from the prefix through the step's
+        opener), so a readout after part of a step (partial-step rejection) and the one after all of it agree."""
         prefix = token_ids[: position + 1]
         key = prefix_key(self.seed, prefix)
-        return self.params.score(self.sees_error(prefix), unit_interval(key), unit_interval(mix64(key)))
+        readout = (unit_interval(key), unit_interval(mix64(key)))
+        if self.params.partial_correlation == 0:
+            return self.params.score(self.sees_error(prefix), *readout)
+        step_key = prefix_key(self.seed + 2, prefix[: self._step_start(prefix) + 1])
+        step = (unit_interval(step_key), unit_interval(mix64(step_key)))
+        return self.params.readout_score(self.sees_error(prefix), readout, step, unit_interval(mix64(mix64(key))))
+
+    def _step_start(self, prefix: list[int]) -> int:
+        """The position of the last step opener in prefix (the step a readout scores); 0 if there is none."""
+        return next((i for i in range(len(prefix) - 1, -1, -1) if prefix[i] in self.opener_ids), 0)
 
     def sees_error(self, prefix: list[int]) -> bool:
         """The path has erred and the PRM noticed its first slip (drawn once per path: from the prefix
@@ -62,3 +75,10 @@ class SyntheticPRM(HeadModel):
         out = torch.zeros((len(items), self.head_size))
         out[:, self.plus_id] = torch.tensor(logits)
         return out  # [R, vocab]: softmax over ("+", "-") = (score, 1 - score)
+
+
+def opener_ids(tokenizer: SyntheticTokenizer) -> frozenset[int]:
+    """Every token that opens a step (sound, slip and final openers, with and without their leading space)."""
+    spaced = [*tokenizer.good_openers, *tokenizer.slip_openers, tokenizer.final_good, tokenizer.final_slip]
+    bare = [tokenizer.token_to_id(tokenizer.text(i)[1:]) for i in spaced]
+    return frozenset(spaced + [i for i in bare if i is not None])

@@ -52,6 +52,7 @@ class PRMScoreParams:
     sound_logit_mean: float  # mean logit of a sound step's score (below 1.0)
     logit_spread: float  # standard deviation of a score's logit within each class
     detection: float = 1.0  # share of erred paths whose error the PRM sees; it scores the others as sound
+    partial_correlation: float = 0.0  # within-class correlation of two readouts of one step (docs/simulator.md)
 
     def __post_init__(self) -> None:
         for name in ("perfect_share_sound", "perfect_share_erred"):
@@ -59,6 +60,8 @@ class PRMScoreParams:
                 raise ValueError(f"{name} must be in [0, 1)")
         if not 0 <= self.detection <= 1:
             raise ValueError("detection must be in [0, 1]")
+        if not 0 <= self.partial_correlation <= 1:
+            raise ValueError("partial_correlation must be in [0, 1]")
         if not 0 < self.auc < 1 or self.logit_spread <= 0:
             raise ValueError("auc must be in (0, 1) and logit_spread positive")
 
@@ -72,9 +75,30 @@ class PRMScoreParams:
         perfect branch gives exactly 1.0 once rounded to float32."""
         if u_perfect < (self.perfect_share_erred if erred else self.perfect_share_sound):
             return 1.0
+        return self.score_of(erred, NormalDist().inv_cdf(u_value))
+
+    def score_of(self, erred: bool, z: float) -> float:
+        """The score below 1.0 of a standard normal draw z."""
         mean = self.erred_logit_mean if erred else self.sound_logit_mean
-        logit = min(mean + self.logit_spread * NormalDist().inv_cdf(u_value), 15.0)
+        logit = min(mean + self.logit_spread * z, 15.0)
         return 1.0 / (1.0 + math.exp(-logit))
+
+    def readout_score(self, erred: bool, readout: tuple[float, float], step: tuple[float, float],
+                      u_choice: float) -> float:
+        """The score of one readout of a step (after part of it, or all of it) from its own uniforms `readout`
+        (perfect, value) and the step's `step` (shared by every readout of the step): with partial_correlation
+        rho the perfect branch takes the step's draw with probability rho (u_choice < rho) and the logit's normal
+        is sqrt(rho) z_step + sqrt(1 - rho) z_readout, so two readouts of one step correlate by rho within a
+        class; rho = 0 is exactly `score` of the readout's own uniforms."""
+        rho = self.partial_correlation
+        if rho == 0:
+            return self.score(erred, *readout)
+        u_perfect = step[0] if u_choice < rho else readout[0]
+        if u_perfect < (self.perfect_share_erred if erred else self.perfect_share_sound):
+            return 1.0
+        normal = NormalDist()
+        z = math.sqrt(rho) * normal.inv_cdf(step[1]) + math.sqrt(1 - rho) * normal.inv_cdf(readout[1])
+        return self.score_of(erred, z)
 
 
 @dataclass(frozen=True)

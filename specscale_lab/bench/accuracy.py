@@ -86,6 +86,8 @@ def measure(testbed, args, problems, cells) -> list[dict]:
                 "best_paths": [r.best.text if r.best else None for r in batch.results],
                 "elapsed_s": batch.elapsed_s,
                 "peak_kv_blocks": batch.runtime.metrics.peak_kv_blocks,  # generator KV blocks in use at most
+                "generated_tokens": sum(r.usage.generated_tokens for r in batch.results),
+                "prm_tokens": sum(batch.runtime.metrics.verifier_batch_tokens),  # PRM input tokens computed
             })
     return runs
 
