@@ -112,31 +112,30 @@ class KthPartialRejection(NoPartialRejection):
         return self._judge(search, search.rounds[c.round], time)
 
     def on_step_finished(self, search: SearchOps, e: Expansion) -> list[Action]:
-        moot = [p for p in self.partials.values() if p.expansion is e and not p.running()]
-        for p in moot:
-            del self.partials[p.id]
-        unscored = tuple(p.id for p in moot if p.score is None)
-        return [Cancel(candidates=unscored)] if unscored else []
+        return self._forget_moot(search.rounds[e.round])
 
     def _judge(self, search: SearchOps, rd: Round, time: float) -> list[Action]:
         """Stop the running steps of the round being decided whose partial score is below its bar."""
         if rd.decided or rd.index != search.last_decided + 1:
             return []
-        self._forget_moot(rd)
+        actions = self._forget_moot(rd)
         live = [p for p in self.partials.values() if p.expansion.round == rd.index and p.score is not None]
         bar = self._bar(rd, live)
         if bar is None:
-            return []
-        actions: list[Action] = []
+            return actions
         for partial in live:
             if partial.score is not None and partial.score < bar and partial.running():
                 actions += self._reject(search, partial, time)
         return actions
 
-    def _forget_moot(self, rd: Round) -> None:
-        """Forget the round's partial readouts whose steps no longer run (finished, cancelled, lost)."""
-        for p in [p for p in self.partials.values() if p.expansion.round == rd.index and not p.running()]:
+    def _forget_moot(self, rd: Round) -> list[Action]:
+        """Forget the round's partial readouts whose steps no longer run (finished, pruned, cancelled, lost); those
+        still queued for the PRM are dropped from its queue."""
+        moot = [p for p in self.partials.values() if p.expansion.round == rd.index and not p.running()]
+        for p in moot:
             del self.partials[p.id]
+        unscored = tuple(p.id for p in moot if p.score is None)
+        return [Cancel(candidates=unscored)] if unscored else []
 
     def _bar(self, rd: Round, live: list[Partial]) -> float | None:
         """The score a running step's partial must reach; None while neither rule has enough scores."""
