@@ -148,10 +148,44 @@ def start_server(args, log: Path) -> tuple[subprocess.Popen, str]:
 
 
 def process_sample(pid: int) -> dict:
+    """RSS, threads and descriptors of the server; `client_connections`: how many of the descriptors are TCP
+    connections a client holds open (its idle keep-alive pool, which a drain does not close), so that
+    `fds - client_connections` is what the server itself holds."""
     status = Path(f"/proc/{pid}/status").read_text()
     rss_kib = int(re.search(r"VmRSS:\s+(\d+)", status)[1])
     threads = int(re.search(r"Threads:\s+(\d+)", status)[1])
-    return {"rss_mib": round(rss_kib / 1024, 1), "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": threads}
+    links = fd_links(pid)
+    established = established_socket_inodes(pid)
+    connections = sum(link.removeprefix("socket:[").removesuffix("]") in established for link in links)
+    return {"rss_mib": round(rss_kib / 1024, 1), "fds": len(links), "client_connections": connections,
+            "threads": threads}
+
+
+def fd_links(pid: int) -> list[str]:
+    """What each open descriptor of the process points at; one closed between the listing and its read is
+    left out."""
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            continue
+    return links
+
+
+def established_socket_inodes(pid: int) -> set[str]:
+    """The inodes of the process's TCP sockets in state ESTABLISHED (01), IPv4 and IPv6."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        rows = path.read_text().splitlines()[1:] if path.exists() else []
+        inodes |= {fields[9] for fields in map(str.split, rows) if fields[3] == "01"}
+    return inodes
+
+
+def server_fds(drain_row: dict) -> int:
+    """The descriptors the server holds beyond its clients' open connections."""
+    return drain_row["fds"] - drain_row.get("client_connections", 0)
 
 
 async def server_counts(http: httpx.AsyncClient) -> tuple[Counter, int]:
@@ -410,7 +444,7 @@ def verdict(samples, drains, load: Load, idle: dict, args, warmup_s: float) -> d
         "rss_growth_below_2pct_per_hour": None if args.no_rss_criterion or growth is None else growth["slope"] < 2.0,
         "generator_kv_at_idle_baseline_at_every_drain": all(d["kv_blocks_used"] == idle["kv_blocks_used"]
                                                             and d["live_sequences"] == 0 for d in drains),
-        "fds_flat": max(d["fds"] for d in after) <= after[0]["fds"] + args.flat_tolerance,
+        "fds_flat": max(map(server_fds, after)) <= server_fds(after[0]) + args.flat_tolerance,
         "threads_flat": max(d["threads"] for d in after) <= after[0]["threads"] + args.flat_tolerance,
         "no_5xx": not any(status >= 500 for status in statuses) and drains[-1]["server_5xx"] == idle["server_5xx"],
         "every_request_accounted_for": len(records) == load.sent
@@ -443,7 +477,8 @@ def summary_rows(report: dict) -> list[tuple[str, str]]:
          if growth is not None else "too few samples"),
         ("generator KV blocks at the drains", ", ".join(str(d["kv_blocks_used"]) for d in drains)),
         ("PRM KV blocks at the drains (cached step prefixes)", ", ".join(str(d["prm_kv_blocks_used"]) for d in drains)),
-        ("open descriptors at the drains", ", ".join(str(d["fds"]) for d in drains)),
+        ("open descriptors at the drains (less clients' open connections)",
+         ", ".join(f"{d['fds']} ({server_fds(d)})" for d in drains)),
         ("threads at the drains", ", ".join(str(d["threads"]) for d in drains)),
         ("latency p50 / p99 per sample after warm-up (normal requests)",
          f"{np.median(p50):.2f} s / {np.median(p99):.2f} s (medians; worst p99 {max(p99):.2f} s)" if p99 else "-"),

@@ -70,6 +70,9 @@ def add_serve(sub) -> None:
                    help="seconds a client may take to send a request's headers (then 408, connection closed)")
     p.add_argument("--body-timeout", type=float, default=limits.body_timeout_s,
                    help="seconds a client may take to send a request's body after its headers (then 408)")
+    p.add_argument("--keep-alive-timeout", type=float, default=limits.keep_alive_s,
+                   help="seconds an idle kept-alive connection stays open between requests (keep it above your "
+                        "clients' pool expiry: httpx and openai 5 s)")
     p.add_argument("--max-connections", type=int, default=limits.max_connections,
                    help="open connections; one more gets 503 and is closed")
     p.add_argument("--drain-timeout", type=float, default=None,
@@ -175,7 +178,8 @@ def server_settings(args) -> ServerSettings:
         served_model_name=_served_name(args), default_preset=args.default_preset, max_waiting=args.max_waiting,
         max_beam_size=args.max_beam_size, request_timeout_s=args.request_timeout, max_body_bytes=args.max_body_bytes,
         api_key=args.api_key, protect_metrics=args.protect_metrics, trust_special_tokens=args.trust_special_tokens,
-        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, keep_alive_s=args.keep_alive_timeout,
+        max_connections=args.max_connections,
         drain_timeout_s=args.drain_timeout,
     )
 

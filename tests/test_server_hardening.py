@@ -14,15 +14,19 @@ import time
 from argparse import Namespace
 from dataclasses import replace
 
+import httpx
 import pytest
 
 from live_app import API_KEY, MODEL, live_builder, serve
 from specscale.serve import run_serve
+from specscale.server.connection import uvicorn_config
+from specscale.server.metrics import ServerMetrics
 from specscale.server.search_builder import SearchBuilder
 from specscale.server.settings import ServerSettings
 
 SETTINGS = ServerSettings(served_model_name=MODEL, api_key=API_KEY, max_beam_size=8, request_timeout_s=5,
-                          max_body_bytes=64 * 1024, header_timeout_s=0.5, body_timeout_s=0.5, max_connections=12)
+                          max_body_bytes=64 * 1024, header_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=2.0,
+                          max_connections=12)
 FAST = {"beam_size": 4, "beam_width": 2, "max_rounds": 2}
 
 
@@ -211,10 +215,19 @@ def test_a_kept_alive_connection_between_requests_is_not_cut_by_the_header_timeo
     before = responses_counted(live, "connection", 408)
     connection = live.connect()
     assert connection.request("GET", "/health").status == 200
-    time.sleep(SETTINGS.header_timeout_s * 3)  # the scenario: idle past the header timeout (keep-alive is 5 s)
+    time.sleep(SETTINGS.header_timeout_s * 3)  # the scenario: idle past the header timeout, within keep-alive
     assert connection.request("GET", "/health").status == 200
     connection.close()
     assert responses_counted(live, "connection", 408) == before
+
+
+def test_the_server_keeps_an_idle_connection_longer_than_the_clients_pool_does():
+    """httpx (and so the openai client) reuses an idle pooled connection for up to keepalive_expiry; a server
+    that closes it sooner, or at the same moment, can close it under a request being sent on it, which fails
+    that POST with a read error (the soak saw it under load). The server's idle keep-alive outlasts it."""
+    settings = ServerSettings()
+    config = uvicorn_config(None, settings, ServerMetrics())
+    assert config.timeout_keep_alive == settings.keep_alive_s > httpx.Limits().keepalive_expiry
 
 
 def test_a_connection_left_idle_after_an_early_answer_is_closed(live):

@@ -114,7 +114,7 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def uvicorn_config(app, settings: ServerSettings, metrics: ServerMetrics, **options) -> uvicorn.Config:
-    """A uvicorn config serving `app` over GuardedH11Protocol with these settings' limits; the responses
-    the protocol answers itself are counted in `metrics` like the app's."""
+    """A uvicorn config serving `app` over GuardedH11Protocol with these settings' limits and idle keep-alive
+    timeout; the responses the protocol answers itself are counted in `metrics` like the app's."""
     protocol = functools.partial(GuardedH11Protocol, settings=settings, metrics=metrics)
-    return uvicorn.Config(app, http=protocol, **options)
+    return uvicorn.Config(app, http=protocol, timeout_keep_alive=settings.keep_alive_s, **options)

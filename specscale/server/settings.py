@@ -17,7 +17,11 @@ class ServerSettings:
     probes). trust_special_tokens: special-token text inside message contents is read as control tokens
     (lets a caller forge chat turns; for trusted callers only). header_timeout_s / body_timeout_s: the
     longest a client may take to send a request's headers / its body before it gets 408 and the
-    connection closes. max_connections: open connections beyond it get 503 and are closed.
+    connection closes. keep_alive_s: how long an idle kept-alive connection stays open between requests;
+    longer than the idle expiry of common clients' connection pools (5 s in httpx and so the `openai`
+    client, 15 s in aiohttp), because a server that closes an idle connection just as its client reuses it
+    fails that request with a read error, which clients do not retry for a POST.
+    max_connections: open connections beyond it get 503 and are closed.
     drain_timeout_s: on SIGTERM, how long the server waits for the searches it has accepted to finish
     (refusing new ones with 503) before it exits; None: request_timeout_s plus 5 s, so that every
     search ends by its own budget."""
@@ -34,6 +38,7 @@ class ServerSettings:
     trust_special_tokens: bool = False
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    keep_alive_s: float = 30.0
     max_connections: int = 1024
     drain_timeout_s: float | None = None
 
@@ -54,8 +59,8 @@ class ServerSettings:
             raise ValueError("api_key must not be empty (None serves without authentication)")
         if self.protect_metrics and self.api_key is None:
             raise ValueError("protect_metrics needs an api_key")
-        if min(self.header_timeout_s, self.body_timeout_s) <= 0:
-            raise ValueError("header_timeout_s and body_timeout_s must be positive")
+        if min(self.header_timeout_s, self.body_timeout_s, self.keep_alive_s) <= 0:
+            raise ValueError("header_timeout_s, body_timeout_s and keep_alive_s must be positive")
         if self.drain_timeout_s is not None and self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         if self.max_connections < 1:
