@@ -123,6 +123,8 @@ def test_score_is_the_default_and_is_beams_top_k(two_parents):
     for k in (1, 2, 3, 5):
         assert ScoreRetention(SearchConfig()).retain(children, k, False) == policies.top_k_copies(children, k)
     assert ScoreRetention(SearchConfig()).lowest_kept(0.7) == 0.7 and kv(0.05).lowest_kept(0.7) == 0.7 - 0.05
+    one_kept = KVRetention(SearchConfig(beam_size=4, beam_width=4, retention="kv", retention_margin=0.05))
+    assert one_kept.lowest_kept(0.7) == 0.7  # k = 1: the best copy is the one kept, nothing below it
 
 
 def test_the_presets_and_bad_fields():
@@ -157,6 +159,14 @@ def retained_rounds(preset, **overrides) -> dict:
 
 def test_a_margin_of_zero_without_ties_retains_what_beam_retains():
     assert retained_rounds("beam+kv[retention_margin=0]") == retained_rounds("beam")
+
+
+def test_with_one_path_kept_it_is_beam_and_ep_prunes_as_before():
+    """N = M: k = 1, the best copy is kept, so beam+kv is beam and specscale+kv's EP cancels what specscale's does."""
+    assert retained_rounds("beam+kv[retention_margin=0.3]", beam_width=8) == retained_rounds("beam", beam_width=8)
+    kv_runtime, _ = run_preset("specscale+kv[retention_margin=0.3]", n_requests=6, beam_width=8)
+    plain_runtime, _ = run_preset("specscale", n_requests=6, beam_width=8)
+    assert sum(kv_runtime.generator.rows_per_step) == sum(plain_runtime.generator.rows_per_step)
 
 
 def test_the_kv_preset_keeps_less_kv_than_beam_and_releases_everything():

@@ -15,7 +15,8 @@ the k-th best score (`lowest_kept`), so that EP never cancels a candidate the re
   holds (coverage), then the one whose path adds the fewest tokens of KV to what the kept paths hold already
   (a further copy of a kept candidate adds none: CD's lanes of one row; a sibling of a kept path adds its own
   step; a path that left the kept ones r steps up adds those r steps), then the higher score, then the lower
-  tree position. Copies more than the margin below the k-th best are never kept.
+  tree position. Copies more than the margin below the k-th best are never kept (with k = 1 nothing below the
+  best is, and "kv" is "score").
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class KVRetention(ScoreRetention):
         return grouped(sorted(kept.copies, key=rank))
 
     def lowest_kept(self, kth_best: float) -> float:
-        return kth_best - self.config.retention_margin
+        """With k = 1 the one copy kept is the best: nothing below it is ever kept."""
+        return kth_best if self.config.num_retained == 1 else kth_best - self.config.retention_margin
 
 
 @dataclass
