@@ -18,7 +18,7 @@ from specscale.runtime.lazy_flush import FlushSignals, LazyFlushPolicy, flush_po
 from specscale.runtime.metrics import RunMetrics
 from specscale.runtime.request_state import RequestState
 from specscale.runtime.sequences import Sequences
-from specscale.runtime.verify_queue import BATCHINGS, QueuedStep, VerifyQueue
+from specscale.runtime.verify_queue import BATCHINGS, RIDE_ALONG, QueuedStep, VerifyQueue
 from specscale.seam import ScoreRequest, ScoreResult
 from specscale.search.protocol import Verify
 from specscale.search.verification import LAZY, VERIFICATION
@@ -40,7 +40,8 @@ class PrmBatches:
 
     def enqueue(self, state: RequestState, action: Verify) -> None:
         request = ScoreRequest(state.request.question, action.steps)
-        batching = BATCHINGS[state.search.verification.batching]  # the policy the request's search was built with
+        # the policy the request's search was built with; a partial-step readout rides along whatever it is
+        batching = RIDE_ALONG if action.partial else BATCHINGS[state.search.verification.batching]
         self.queue.push(QueuedStep(
             state, action.candidate, request, action.completes_group, batching,
             self.verifier.tokens_to_compute(request), self.clock(), state.flush_policy,

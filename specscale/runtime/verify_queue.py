@@ -11,7 +11,9 @@ the queue calls:
   that runs anyway. Each step carries its request's policy, resolved once by the runtime at the verifier's
   threshold; a policy of the "request" flush scope (an ablation) flushes its own request's steps only;
 - `ONE_REQUEST` steps (FastTTS's "per_request") are ready at once but a PRM batch holds one request's steps only;
-- `LOCK_STEP` steps ("lock_step", `beam-sync`) are never ready by themselves: they wait for the flush below.
+- `LOCK_STEP` steps ("lock_step", `beam-sync`) are never ready by themselves: they wait for the flush below;
+- `RIDE_ALONG` items (partial-step readouts, `Verify.partial`) are never ready by themselves either: they join
+  every shared PRM batch that runs and the flush below, and count toward no lazy trigger.
 When the generator has nothing to run (`any_batch`: lazy verification's fourth trigger, docs/design.md "Verification"; every live sequence paused for
 scores, speculative ones without room in the row budget included), whatever is queued is flushed: waiting
 would only idle the device.
@@ -63,6 +65,14 @@ class Lazy(Batching):
         item.deferrals += 1
 
 
+class RideAlong(Batching):
+    """A partial-step readout (`Verify.partial`, partial rejection): joins every shared PRM batch that runs
+    anyway (and the idle flush), never triggers one, and counts toward no lazy trigger."""
+
+    def rides_along(self, item: QueuedStep) -> bool:
+        return True
+
+
 class OneRequest(Batching):
     """Ready at once, but a PRM batch holds one request's steps only (FastTTS)."""
 
@@ -78,7 +88,7 @@ class LockStep(Batching):
     batched loop: one generate call for every beam of every problem, then one scoring call)."""
 
 
-AT_ONCE, LAZY, ONE_REQUEST, LOCK_STEP = AtOnce(), Lazy(), OneRequest(), LockStep()
+AT_ONCE, LAZY, ONE_REQUEST, LOCK_STEP, RIDE_ALONG = AtOnce(), Lazy(), OneRequest(), LockStep(), RideAlong()
 BATCHINGS: dict[BatchMode, Batching] = {
     BatchMode.AT_ONCE: AT_ONCE, BatchMode.LAZY: LAZY, BatchMode.ONE_REQUEST: ONE_REQUEST, BatchMode.LOCK_STEP: LOCK_STEP,
 }  # the verification policy's mode (search/verification.py) -> how this queue carries it out

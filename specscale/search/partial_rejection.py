@@ -9,8 +9,8 @@ scores of what the policy sent to the PRM, every candidate's score, and every fi
 
 - off: nothing is watched; the search is exactly the search without this policy;
 - kth: at `partial_tokens` tokens a running step's path (its parent's steps and the partial step) goes to the
-  PRM under a fresh id, queued as the search's verification policy queues its steps (the lazy queue for
-  `specscale`: small inputs that ride with everything else). Once scored, the partial path's score (its step
+  PRM under a fresh id, as a readout that rides along with every PRM batch that runs anyway (small inputs
+  batched with everything else; `runtime/verify_queue.py`) and triggers none. Once scored, the partial path's score (its step
   scores aggregated as the search aggregates, the partial step's last) is compared, in the round being decided
   only (every parent there is retained), with the bar: the round's k-th best verified score (counting copies)
   less `partial_margin`, or, once more than k copies of the round have partial scores of running steps, the
@@ -96,7 +96,7 @@ class KthPartialRejection(NoPartialRejection):
         partial = Partial(search.new_id(), e, ev.lanes, ev.handle)
         self.partials[partial.id] = partial
         steps = tuple(e.parent.steps()) if e.parent is not None else ()
-        return [Verify(partial.id, steps + (ev.text,), completes_group=False)]
+        return [Verify(partial.id, steps + (ev.text,), completes_group=False, partial=True)]
 
     def on_scored(self, search: SearchOps, ev: ScoresArrived) -> list[Action]:
         partial = self.partials.get(ev.candidate)

@@ -113,11 +113,13 @@ class Expand:
 @dataclass(frozen=True)
 class Verify:
     """Score candidate id `candidate` (its path = steps). completes_group: this step completes its
-    sibling group (a lazy-verification flush trigger)."""
+    sibling group (a lazy-verification flush trigger). partial: a partial-step readout (partial rejection,
+    `candidate` being the readout's id): it rides along with PRM batches that run anyway and triggers none."""
 
     candidate: int
     steps: tuple[str, ...]
     completes_group: bool
+    partial: bool = False
 
 
 @dataclass(frozen=True)
