@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # The runs of docs/bench/vllm-ladder.md, from the repository root, each under the shared CPU lock.
-#   docs/bench/vllm/run.sh vllm-c32 | vllm-c1 | vllm-0.5b | sal-seeds | engine-c32 | engine-c1
+#   docs/bench/vllm/run.sh vllm-c32 | vllm-c32-our-prm | vllm-c1 | vllm-0.5b | sal-seeds | engine-c32 | engine-c1
 # On vLLM-CPU (chunked prefill on) the backend sends its lanes without per-request seeds, as the loop does
 # (docs/design.md, "vLLM backend"); `--vllm-arg request_seeds=on` would restore them and fail at 32 in flight.
 set -euo pipefail
 LADDER=beam,beam+cd,ep+cd,specscale,specscale-nospec
 COMMON=(--variants "$LADDER" --problems 64 --beam-sizes 8 --no-profile-prm)
-LOCK=(flock /tmp/specscale-cpu.lock timeout 900)
+LOCK=(flock /tmp/specscale-cpu.lock timeout 1800)
 case "$1" in
   vllm-c32)  # search-and-learn's loop (one at a time, lock-step 32), then the ladder at 32 in flight, one process
     VLLM_CPU_KVCACHE_SPACE=1 "${LOCK[@]}" .venv-vllm/bin/python benchmarks/sal_vllm_loop.py timed-bench \
       --modes one,lockstep --lockstep-batch 32 --problems 64 --beam-size 8 --repeats 2 -- \
       bench throughput --backend vllm "${COMMON[@]}" --repeats 2 --max-concurrency 32 --out docs/bench/vllm/vllm-c32 ;;
+  vllm-c32-our-prm)  # the same loop, then SpecScale with vLLM generating and our engine's PRM (which reuses the
+    # scored prefixes of a path: vLLM's token pooling rescores every path from its first token)
+    VLLM_CPU_KVCACHE_SPACE=1 "${LOCK[@]}" .venv-vllm/bin/python benchmarks/sal_vllm_loop.py timed-bench \
+      --modes one,lockstep --lockstep-batch 32 --problems 64 --beam-size 8 --repeats 2 -- \
+      bench throughput --generator-backend vllm --verifier-backend engine --threads 2 \
+      --variants beam,specscale --problems 64 --beam-sizes 8 --no-profile-prm --repeats 2 --max-concurrency 32 \
+      --out docs/bench/vllm/vllm-c32-our-prm ;;
   vllm-c1)   # the loop one at a time, then the ladder with one request in flight
     VLLM_CPU_KVCACHE_SPACE=1 "${LOCK[@]}" .venv-vllm/bin/python benchmarks/sal_vllm_loop.py timed-bench \
       --modes one --problems 64 --beam-size 8 --repeats 2 -- \
@@ -35,5 +42,5 @@ case "$1" in
     c=${1#engine-c}
     "${LOCK[@]}" .venv/bin/specscale bench throughput --backend engine --threads 2 "${COMMON[@]}" --repeats 2 \
       --max-concurrency "$c" --out "docs/bench/vllm/engine-c$c" ;;
-  *) echo "usage: $0 vllm-c32|vllm-c1|vllm-0.5b|sal-seeds|engine-c32|engine-c1" >&2; exit 2 ;;
+  *) echo "usage: $0 vllm-c32|vllm-c32-our-prm|vllm-c1|vllm-0.5b|sal-seeds|engine-c32|engine-c1" >&2; exit 2 ;;
 esac
