@@ -19,10 +19,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from specscale.search.presets import preset_config, split_variants
-from specscale.sim.simulation import Simulation, SimulationConfig
+from specscale.search.presets import split_variants
 from specscale_lab.bench.accuracy import accuracy_ci, paired_difference
 from specscale_lab.bench.numbers import is_right
+from specscale_lab.bench.sim_batch import simulated_batch
 
 VARIANTS = "beam,specscale,beam+kv,specscale+kv,specscale+kv[retention_margin=0.1]"
 
@@ -30,19 +30,12 @@ VARIANTS = "beam,specscale,beam+kv,specscale+kv,specscale+kv[retention_margin=0.
 def run(cell: tuple[str, int, int, int, int]) -> dict:
     """One batch on the simulator: per-problem outcomes and the run's virtual time and peak KV blocks."""
     variant, beam_size, seed, problems, in_flight = cell
-    sim = Simulation(SimulationConfig(seed=0))
-    runtime = sim.runtime(max_concurrency=in_flight)
-    chosen = sim.problems(problems)
-    requests = [sim.request(p, preset_config(variant, seed=seed, beam_size=beam_size), f"{variant}-{seed}-{i}")
-                for i, p in enumerate(chosen)]
-    results = runtime.run(requests)
-    record = {"cell": list(cell), "virtual_s": sim.clock(), "peak_kv_blocks": runtime.metrics.peak_kv_blocks,
-              "kv_blocks": sim.engine.block_manager.num_blocks,
-              "right": [int(is_right(p, r)) for p, r in zip(chosen, results, strict=True)],
-              "paths": [r.best.text if r.best else None for r in results],
-              "generated": sum(r.usage.generated_tokens for r in results)}
-    sim.close()
-    return record
+    with simulated_batch(variant, seed, problems, in_flight, beam_size) as batch:
+        return {"cell": list(cell), "virtual_s": batch.elapsed_s, "peak_kv_blocks": batch.runtime.metrics.peak_kv_blocks,
+                "kv_blocks": batch.sim.engine.block_manager.num_blocks,
+                "right": [int(is_right(p, r)) for p, r in zip(batch.problems, batch.results, strict=True)],
+                "paths": [r.best.text if r.best else None for r in batch.results],
+                "generated": sum(r.usage.generated_tokens for r in batch.results)}
 
 
 def ratio(runs: dict, variant: str, base: str, key: str, seeds: list[int], invert: bool = False) -> float:

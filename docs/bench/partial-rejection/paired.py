@@ -12,28 +12,21 @@ import argparse
 import json
 import statistics
 
-from specscale.search.presets import preset_config, split_variants
-from specscale.sim.simulation import Simulation, SimulationConfig
+from specscale.search.presets import split_variants
 from specscale.sim.workload import WorkloadParams
 from specscale_lab.bench.accuracy import paired_difference
 from specscale_lab.bench.numbers import is_right
+from specscale_lab.bench.sim_batch import simulated_batch
 
 
 def run(variant: str, seed: int, args, workload: WorkloadParams) -> dict:
-    sim = Simulation(SimulationConfig(seed=0, workload=workload))
-    runtime = sim.runtime(max_concurrency=args.in_flight)
-    problems = sim.problems(args.problems)
-    config = preset_config(variant, seed=seed, beam_size=args.beam_size)
-    ids = [f"{variant}-{seed}-{i}" for i in range(len(problems))]
-    results = runtime.run([sim.request(p, config, rid) for p, rid in zip(problems, ids, strict=True)])
-    metrics = runtime.take_metrics()
-    record = dict(variant=variant, seed=seed, virtual_s=sim.clock(),
-                  right=[int(is_right(p, r)) for p, r in zip(problems, results, strict=True)],
-                  generated=sum(r.usage.generated_tokens for r in results), prm_tokens=sum(metrics.verifier_batch_tokens),
-                  prm_calls=len(metrics.verifier_batch_items),
-                  stopped=sum(runtime.search(rid).partial.rejected_copies for rid in ids))
-    sim.close()
-    return record
+    with simulated_batch(variant, seed, args.problems, args.in_flight, args.beam_size, workload) as batch:
+        metrics = batch.runtime.take_metrics()
+        return dict(variant=variant, seed=seed, virtual_s=batch.elapsed_s,
+                    right=[int(is_right(p, r)) for p, r in zip(batch.problems, batch.results, strict=True)],
+                    generated=sum(r.usage.generated_tokens for r in batch.results),
+                    prm_tokens=sum(metrics.verifier_batch_tokens), prm_calls=len(metrics.verifier_batch_items),
+                    stopped=sum(batch.runtime.search(rid).partial.rejected_copies for rid in batch.request_ids))
 
 
 def report(runs: list[dict], base: str) -> list[dict]:

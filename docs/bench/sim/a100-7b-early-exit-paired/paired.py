@@ -14,10 +14,10 @@ import json
 import time
 from collections import Counter
 
-from specscale.search.presets import preset_config, split_variants
-from specscale.sim.simulation import Simulation, SimulationConfig
+from specscale.search.presets import split_variants
 from specscale_lab.bench.accuracy import accuracy_ci, paired_difference
 from specscale_lab.bench.numbers import is_right, vote_is_right
+from specscale_lab.bench.sim_batch import simulated_batch
 
 PAIRS = ("beam:beam+exit,specscale:specscale+exit,specscale:specscale+exit-soft[exit_certainty=0.95],"
          "specscale:specscale+exit-soft[exit_certainty=0.8],specscale:specscale+exit-soft[exit_certainty=0.6],"
@@ -27,18 +27,12 @@ PAIRS = ("beam:beam+exit,specscale:specscale+exit,specscale:specscale+exit-soft[
 
 
 def run(variant: str, seed: int, problems: int, in_flight: int, beam_size: int) -> list[dict]:
-    sim = Simulation(SimulationConfig(seed=0))
-    runtime = sim.runtime(max_concurrency=in_flight)
-    chosen = sim.problems(problems)
-    requests = [sim.request(p, preset_config(variant, seed=seed, beam_size=beam_size), f"{variant}-{seed}-{i}")
-                for i, p in enumerate(chosen)]
-    results = runtime.run(requests)
-    elapsed = sim.clock()
-    sim.close()
-    return [{"right": int(is_right(p, r)), "answer": r.answer, "path": r.best.text if r.best else None,
-             "vote": r.weighted_vote, "vote_right": int(vote_is_right(p, r.weighted_vote)),
-             "generated": r.usage.generated_tokens, "exit": getattr(r, "early_exit", ""), "elapsed_s": elapsed}
-            for p, r in zip(chosen, results, strict=True)]
+    with simulated_batch(variant, seed, problems, in_flight, beam_size) as batch:
+        return [{"right": int(is_right(p, r)), "answer": r.answer, "path": r.best.text if r.best else None,
+                 "vote": r.weighted_vote, "vote_right": int(vote_is_right(p, r.weighted_vote)),
+                 "generated": r.usage.generated_tokens, "exit": getattr(r, "early_exit", ""),
+                 "elapsed_s": batch.elapsed_s}
+                for p, r in zip(batch.problems, batch.results, strict=True)]
 
 
 def main() -> None:
