@@ -5,7 +5,12 @@ tokenizer, reuses cached step prefixes and asks the engine for readouts at the s
 with a real PRM. At a score position the synthetic PRM reads whether the path has erred by then (a slip
 opener among the tokens before it), draws the workload's score for that class from a hash of the whole
 prefix (so a step's score is a function of its path, whatever batch or cache state scores it); whether
-it notices a path's error at all is drawn once per path, from the prefix through its first slip. It
+it notices a path's error at all is drawn once per path, from the prefix through its first slip. With the
+workload's step_persistence the continuous part's normal is an AR(1) chain along the path: a readout finds the
+path's earlier steps' score positions in its input (after each step's opener, the last step tag for
+qwen-math-prm, the position before the last "+" for rlhflow), redraws their normals from their own prefixes and
+chains them, so a step's score still depends on its path only and siblings share their parent's draws; with
+step_drift the mean moves by that much per step (the step's index: the step openers before it). It
 returns a readout whose format's score formula gives back that score:
 
 - qwen-math-prm (2-class score head): logits (0, logit(score)); softmax(...)[1] = score, and logits
@@ -16,10 +21,12 @@ returns a readout whose format's score formula gives back that score:
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import torch
 
 from specscale.engine.sequence import Sequence
+from specscale.prompts import PRM_STEP_TAG
 from specscale.sim.hashing import mix64, prefix_key, unit_interval
 from specscale.sim.runner import HeadModel
 from specscale.sim.tokenizer import SyntheticTokenizer
@@ -37,13 +44,15 @@ class SyntheticPRM(HeadModel):
         self.head_size = 2 if format_name == "qwen-math-prm" else tokenizer.vocab_size
         self.plus_id, self.minus_id = tokenizer.encode("+")[-1], tokenizer.encode("-")[-1]
         self.opener_ids = opener_ids(tokenizer)
-
+        self.tag_id = tokenizer.encode(PRM_STEP_TAG)[-1] if format_name == "qwen-math-prm" else None
 
     def score(self, token_ids, position: int) -> float:
         """The score read at `position` of a PRM input (a function of token_ids[:position + 1]); with the
         workload's partial_correlation, part of it is drawn once per step (from the prefix through the step's
         opener), so a readout after part of a step (partial-step rejection) and the one after all of it agree."""
         prefix = token_ids[: position + 1]
+        if self.params.step_persistence > 0 or self.params.step_drift != 0:
+            return self._persistent_score(prefix)
         key = prefix_key(self.seed, prefix)
         readout = (unit_interval(key), unit_interval(mix64(key)))
         if self.params.partial_correlation == 0:
@@ -51,6 +60,38 @@ class SyntheticPRM(HeadModel):
         step_key = prefix_key(self.seed + 2, prefix[: self._step_start(prefix) + 1])
         step = (unit_interval(step_key), unit_interval(mix64(step_key)))
         return self.params.readout_score(self.sees_error(prefix), readout, step, unit_interval(mix64(mix64(key))))
+
+    def _draws(self, prefix, start: int) -> tuple[float, float]:
+        """(the perfect branch's uniform, the continuous part's normal) of the readout that ends `prefix`, in a
+        step that opens at `start`: the same draws `score` makes without step_persistence."""
+        key = prefix_key(self.seed, prefix)
+        readout = (unit_interval(key), unit_interval(mix64(key)))
+        if self.params.partial_correlation == 0:
+            return readout[0], self.params.readout_normal(readout)
+        step_key = prefix_key(self.seed + 2, prefix[: start + 1])
+        step = (unit_interval(step_key), unit_interval(mix64(step_key)))
+        u_perfect = step[0] if unit_interval(mix64(mix64(key))) < self.params.partial_correlation else readout[0]
+        return u_perfect, self.params.readout_normal(readout, step)
+
+    def _persistent_score(self, prefix) -> float:
+        """The readout's score with its normal chained through the path's earlier steps' (step_persistence) and
+        its mean moved by step_drift per earlier step."""
+        starts = [i for i, token in enumerate(prefix) if token in self.opener_ids] or [0]
+        z = None
+        for begin, end in pairwise(starts):
+            position = self._score_position(prefix, begin, end)
+            if position is not None:
+                z = self.params.persist(z, self._draws(prefix[: position + 1], begin)[1])
+        u_perfect, fresh = self._draws(prefix, starts[-1])
+        return self.params.persistent_score(self.sees_error(prefix), u_perfect, self.params.persist(z, fresh),
+                                            len(starts) - 1)
+
+    def _score_position(self, prefix, begin: int, end: int) -> int | None:
+        """Where the step opening at `begin` (the next opening at `end`) was scored: its last step tag
+        (qwen-math-prm), or the position before its last "+" (rlhflow's assistant turn); None if neither."""
+        if self.tag_id is not None:
+            return next((i for i in range(end - 1, begin, -1) if prefix[i] == self.tag_id), None)
+        return next((i - 1 for i in range(end - 1, begin + 1, -1) if prefix[i] == self.plus_id), None)
 
     def _step_start(self, prefix: list[int]) -> int:
         """The position of the last step opener in prefix (the step a readout scores); 0 if there is none."""

@@ -25,7 +25,10 @@ probability perfect_share_*, else sigmoid(mean + spread * z), z ~ N(0, 1), the e
 continuous part separates sound from erred steps with the given AUC. It notices a path's first slip with
 probability `detection`, once for the path: an unnoticed error keeps its path scored as sound at every
 later step, as a real PRM's misjudgements persist along a path (with independent noise per step and no
-misses, beam search would weed out every erred path).
+misses, beam search would weed out every erred path). With `step_persistence` phi > 0 the noise itself persists:
+the continuous part's normal is an AR(1) chain along the path (consecutive steps correlate by phi), which sets
+how fast a leader settles across rounds (early exit; docs/simulator.md, "Answer settling"), and `step_drift`
+moves the logits' mean by that much per step along a path (a PRM that scores later steps lower).
 
 Presets (`preset`) combine a data set, a generator and a PRM; every number names its source.
 """
@@ -53,6 +56,8 @@ class PRMScoreParams:
     logit_spread: float  # standard deviation of a score's logit within each class
     detection: float = 1.0  # share of erred paths whose error the PRM sees; it scores the others as sound
     partial_correlation: float = 0.0  # within-class correlation of two readouts of one step (docs/simulator.md)
+    step_persistence: float = 0.0  # correlation of a path's score noise from one step to the next (AR(1))
+    step_drift: float = 0.0  # change of the score logits' mean per step along a path (step j: + j x step_drift)
 
     def __post_init__(self) -> None:
         for name in ("perfect_share_sound", "perfect_share_erred"):
@@ -62,6 +67,11 @@ class PRMScoreParams:
             raise ValueError("detection must be in [0, 1]")
         if not 0 <= self.partial_correlation <= 1:
             raise ValueError("partial_correlation must be in [0, 1]")
+        if not 0 <= self.step_persistence < 1:
+            raise ValueError(f"step_persistence must be in [0, 1) (the step-to-step correlation of a path's score "
+                             f"noise), got {self.step_persistence}")
+        if not math.isfinite(self.step_drift):
+            raise ValueError(f"step_drift must be a finite logit change per step, got {self.step_drift}")
         if not 0 < self.auc < 1 or self.logit_spread <= 0:
             raise ValueError("auc must be in (0, 1) and logit_spread positive")
 
@@ -77,9 +87,9 @@ class PRMScoreParams:
             return 1.0
         return self.score_of(erred, NormalDist().inv_cdf(u_value))
 
-    def score_of(self, erred: bool, z: float) -> float:
-        """The score below 1.0 of a standard normal draw z."""
-        mean = self.erred_logit_mean if erred else self.sound_logit_mean
+    def score_of(self, erred: bool, z: float, step: int = 0) -> float:
+        """The score below 1.0 of a standard normal draw z at a path's step `step` (0: its first; step_drift)."""
+        mean = (self.erred_logit_mean if erred else self.sound_logit_mean) + self.step_drift * step
         logit = min(mean + self.logit_spread * z, 15.0)
         return 1.0 / (1.0 + math.exp(-logit))
 
@@ -96,9 +106,31 @@ class PRMScoreParams:
         u_perfect = step[0] if u_choice < rho else readout[0]
         if u_perfect < (self.perfect_share_erred if erred else self.perfect_share_sound):
             return 1.0
-        normal = NormalDist()
-        z = math.sqrt(rho) * normal.inv_cdf(step[1]) + math.sqrt(1 - rho) * normal.inv_cdf(readout[1])
-        return self.score_of(erred, z)
+        return self.score_of(erred, self.readout_normal(readout, step))
+
+    def readout_normal(self, readout: tuple[float, float], step: tuple[float, float] | None = None) -> float:
+        """The standard normal of a readout's continuous part: sqrt(rho) z_step + sqrt(1 - rho) z_readout for
+        partial_correlation rho (z_readout alone at rho = 0, or without the step's uniforms)."""
+        rho, normal = self.partial_correlation, NormalDist()
+        if rho == 0 or step is None:
+            return normal.inv_cdf(readout[1])
+        return math.sqrt(rho) * normal.inv_cdf(step[1]) + math.sqrt(1 - rho) * normal.inv_cdf(readout[1])
+
+    def persist(self, previous: float | None, fresh: float) -> float:
+        """A path's score noise at a step, an AR(1) chain along the path: step_persistence phi carries phi of the
+        previous step's normal, sqrt(1 - phi^2) of a fresh one (previous None: the path's first step), so every
+        step's normal stays standard and consecutive steps' correlate by phi."""
+        phi = self.step_persistence
+        if previous is None or phi == 0:
+            return fresh
+        return phi * previous + math.sqrt(1 - phi * phi) * fresh
+
+    def persistent_score(self, erred: bool, u_perfect: float, z: float, step: int) -> float:
+        """The score of a readout of a path's step `step` (0: its first) whose continuous part's normal is z (the
+        path's chain, `persist`); the exact-1.0 branch is the readout's own draw, at every step."""
+        if u_perfect < (self.perfect_share_erred if erred else self.perfect_share_sound):
+            return 1.0
+        return self.score_of(erred, z, step)
 
 
 @dataclass(frozen=True)
