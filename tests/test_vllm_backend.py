@@ -449,3 +449,15 @@ def test_sal_loop_rounds_on_vllm(monkeypatch):
     assert lockstep["prm_paths"] == 4 * lockstep["rounds"]
     assert one["generated_tokens"] > 0 and 0 <= one["accuracy"] <= 1
     assert not loop.llm.llm_engine.has_unfinished_requests()
+    # --loop-prm engine: the same rounds scored by our engine's verifier, its cached step prefixes cleared per run
+    from specscale.pipeline import build_verifier
+    from specscale_lab.bench.runs import toy_workload
+
+    vllm_prm = loop.verifier  # kept alive: collecting an in-process vLLM engine tears down the others' groups
+    loop.args.loop_prm, loop.verifier = "engine", build_verifier(loop.config)
+    ours = sal_vllm_loop.run_mode(loop, toy_workload(2), "lockstep", 4, 2, 2)
+    assert ours["prm"] == "engine" and ours["prm_calls"] == ours["generate_calls"] <= 2
+    assert ours["prm_paths"] == 4 * ours["rounds"] and ours["generated_tokens"] > 0
+    assert sal_vllm_loop.loop_name("lockstep", {**ours, "batch": 2}) == "lock-step 2, our engine's PRM"
+    loop.verifier.close()
+    loop.verifier = vllm_prm
