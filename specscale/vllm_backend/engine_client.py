@@ -11,8 +11,7 @@ return only new tokens (`RequestOutputKind.DELTA`) and are scheduled by priority
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from specscale.seam import KVUsage, SamplingParams
 from specscale.vllm_backend.engine_args import (
@@ -24,10 +23,10 @@ from specscale.vllm_backend.engine_args import (
 )
 
 
-@dataclass(frozen=True)
-class RequestStep:
+class RequestStep(NamedTuple):
     """What one vLLM step did to one request: new_token_ids drawn, finished (vLLM ended it: its max_tokens,
-    a stop token, the context), cached_tokens (its prompt's tokens found in the prefix cache)."""
+    a stop token, the context), cached_tokens (its prompt's tokens found in the prefix cache). A named tuple:
+    one is made per request per step, a frozen dataclass costs several times more to build."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
@@ -81,6 +80,7 @@ class VllmEngineClient:
         from vllm.sampling_params import RequestOutputKind
 
         self._vllm = vllm
+        self._sampling_params = vllm.SamplingParams  # looked up once: vllm's lazy module attribute
         self._delta = RequestOutputKind.DELTA
         self.eos_token_ids = sorted(eos_token_ids)
         model = str(engine_args.get("model"))
@@ -103,7 +103,7 @@ class VllmEngineClient:
         """A request generating up to max_tokens from prompt_ids (params None: one token, thrown away: a prefill),
         drawing with its own generator seeded by seed (None: the engine's stream). priority: SpecScale's (higher
         runs first); vLLM's priority scheduling runs lower values first."""
-        sampling = self._vllm.SamplingParams(
+        sampling = self._sampling_params(
             n=1, temperature=params.temperature if params else 1.0, top_p=params.top_p if params else 1.0,
             top_k=(params.top_k or 0) if params else 0, seed=seed, max_tokens=max_tokens,
             ignore_eos=True, stop_token_ids=None if params is None or params.ignore_eos else self.eos_token_ids,
@@ -116,11 +116,16 @@ class VllmEngineClient:
             self.engine.abort_request(list(request_ids))
 
     def step(self) -> list[RequestStep]:
-        steps = []
+        steps: list[RequestStep] = []
+        append = steps.append
         for out in self.engine.step():
-            completion = out.outputs[0] if out.outputs else None
-            steps.append(RequestStep(out.request_id, tuple(completion.token_ids) if completion else (), out.finished,
-                                     completion.finish_reason if completion else None, out.num_cached_tokens or 0))
+            outputs = out.outputs
+            if outputs:
+                completion = outputs[0]
+                append(RequestStep(out.request_id, tuple(completion.token_ids), out.finished,
+                                   completion.finish_reason, out.num_cached_tokens or 0))
+            else:
+                append(RequestStep(out.request_id, (), out.finished, None, out.num_cached_tokens or 0))
         return steps
 
     def has_unfinished(self) -> bool:

@@ -124,13 +124,17 @@ class VllmGenerator:
                 self._prioritize(op)
 
     def step(self) -> list[SequenceUpdate]:
-        updates = self._announcements()
-        self._admit()
+        updates = self._announcements() if self._announce or self._overlong else []
+        if self._queue:
+            self._admit()
         if self.engine.has_unfinished():
+            by_request, update_of = self._by_request, self._update
             for out in self.engine.step():
-                update = self._update(out)
-                if update is not None:
-                    updates.append(update)
+                seq = by_request.get(out.request_id)
+                if seq is not None:  # else aborted or paused since it was scheduled
+                    update = update_of(seq, out)
+                    if update is not None:
+                        updates.append(update)
         return updates
 
     def has_work(self) -> bool:
@@ -210,23 +214,28 @@ class VllmGenerator:
 
     def _admit(self) -> None:
         waiting = sorted(self._queue, key=lambda s: -s.priority)  # stable: arrival order within a priority
-        for seq in waiting:
-            if not self._admissible(seq):
-                continue
-            self._queue.remove(seq)
-            if seq.params is not None and len(seq.tokens) >= self.engine.max_model_len:
-                seq.phase = Phase.RUNNING  # nothing left to generate: ends as cut by the context next step
-                seq.request_id = None
-                self._overlong.append(seq)
-                continue
-            seq.requests_added += 1
-            seq.request_id = f"{self._prefix}-{seq.seq_id}-{seq.requests_added}"
-            max_tokens = 1 if seq.params is None else seq.remaining_tokens()
-            seed = seq.seed if self.request_seeds else None
-            self.engine.add(seq.request_id, seq.tokens, seq.params, seed, max_tokens, seq.priority)
-            self._by_request[seq.request_id] = seq
-            self._fresh[seq.request_id] = len(seq.tokens)
-            seq.phase = Phase.RUNNING
+        admitted: set[int] = set()  # id() of the sequences leaving the queue (rebuilt once, in arrival order)
+        try:
+            for seq in waiting:
+                if not self._admissible(seq):  # a speculative one past the row budget: so are the rest (by
+                    break  # priority), as adding requests only adds to vLLM's unfinished ones
+                admitted.add(id(seq))
+                if seq.params is not None and len(seq.tokens) >= self.engine.max_model_len:
+                    seq.phase = Phase.RUNNING  # nothing left to generate: ends as cut by the context next step
+                    seq.request_id = None
+                    self._overlong.append(seq)
+                    continue
+                seq.requests_added += 1
+                seq.request_id = f"{self._prefix}-{seq.seq_id}-{seq.requests_added}"
+                max_tokens = 1 if seq.params is None else seq.remaining_tokens()
+                seed = seq.seed if self.request_seeds else None
+                self.engine.add(seq.request_id, seq.tokens, seq.params, seed, max_tokens, seq.priority)
+                self._by_request[seq.request_id] = seq
+                self._fresh[seq.request_id] = len(seq.tokens)
+                seq.phase = Phase.RUNNING
+        finally:
+            if admitted:
+                self._queue = [s for s in self._queue if id(s) not in admitted]
 
     def _end_request(self, seq: VllmSequence) -> None:
         """Abort seq's vLLM request if it has one still running."""
@@ -252,11 +261,9 @@ class VllmGenerator:
         self._overlong.clear()
         return updates
 
-    def _update(self, out: RequestStep) -> SequenceUpdate | None:
-        seq = self._by_request.get(out.request_id)
-        if seq is None:  # aborted or paused since it was scheduled
-            return None
-        prompt_tokens = self._fresh.pop(out.request_id, None)
+    def _update(self, seq: VllmSequence, out: RequestStep) -> SequenceUpdate | None:
+        """seq's update from its request's step out (seq: the sequence of out's request)."""
+        prompt_tokens = self._fresh.pop(out.request_id, None) if self._fresh else None
         if prompt_tokens is not None:  # its first output: how much of its prompt vLLM found cached
             seq.cached_tokens.append(out.cached_tokens)
             for stats in ([self.cache_stats] if seq.continues else []) + ([self.resume_stats] if seq.resuming else []):
@@ -270,16 +277,21 @@ class VllmGenerator:
             self._finish_request(seq, stop_vllm=False)
             seq.phase = Phase.READOUT
             return SequenceUpdate(seq.seq_id, (), SequenceState.READOUT, 1, (seq.lane,))
-        taken, state, reason = self.rules.take(seq, list(out.new_token_ids))
-        if state == SequenceState.GENERATING and out.finished:  # vLLM ended it (its context limit, say)
-            state, reason = SequenceState.FINISHED, EndReason.LENGTH
+        new_tokens = out.new_token_ids
+        if type(new_tokens) is not tuple:
+            new_tokens = tuple(new_tokens)
+        taken, state, reason = self.rules.advance(seq, new_tokens)
+        if state is SequenceState.GENERATING:
+            if not out.finished:
+                return SequenceUpdate(seq.seq_id, taken, state, 1, (seq.lane,), None, reason)
+            state, reason = SequenceState.FINISHED, EndReason.LENGTH  # vLLM ended it (its context limit, say)
         if state == SequenceState.STOPPED:
             self._finish_request(seq, stop_vllm=not out.finished)
             seq.phase, seq.segment_tokens, seq.stop_tail = Phase.STOPPED, 0, b""
         elif state == SequenceState.FINISHED:
             self._finish_request(seq, stop_vllm=not out.finished)
             self.sequences.pop(seq.seq_id, None)
-        return SequenceUpdate(seq.seq_id, tuple(taken), state, 1, (seq.lane,), end_reason=reason)
+        return SequenceUpdate(seq.seq_id, taken, state, 1, (seq.lane,), end_reason=reason)
 
     def _finish_request(self, seq: VllmSequence, stop_vllm: bool) -> None:
         assert seq.request_id is not None

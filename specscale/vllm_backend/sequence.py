@@ -25,10 +25,11 @@ class Phase(enum.Enum):
     READOUT = "readout"  # a prefill-only sequence was computed: tokens kept for branches, nothing in vLLM
 
 
-@dataclass
+@dataclass(eq=False)
 class VllmSequence:
     """seq_id: the runtime's id; tokens: the whole context (prompt, then this segment's tokens); params None:
-    prefill-only; seed: this lane's sampling seed; segment_tokens: tokens generated in this segment so far."""
+    prefill-only; seed: this lane's sampling seed; segment_tokens: tokens generated in this segment so far.
+    Compared by identity (the generator's queues look sequences up by it)."""
 
     seq_id: SequenceId
     tokens: list[int]
@@ -76,27 +77,61 @@ def lane_seeds_for(params: SamplingParams | None, multiplicity: int,
 
 class SegmentRules:
     """When a segment ends, token by token, as our engine decides it: EOS (unless ignored), a stop string in
-    the segment's bytes (across token boundaries), the segment's token cap, the context limit."""
+    the segment's bytes (across token boundaries), the segment's token cap, the context limit.
+
+    `advance` takes a request's new tokens of one vLLM step at once where none of them can end the segment (no
+    EOS among them, both caps past the last, no stop string in the tail's and their bytes: every token's own
+    check reads a part of those bytes), and token by token otherwise, so it ends where the per-token rules do."""
 
     def __init__(self, token_bytes: list[bytes], eos_token_ids: frozenset[int], max_model_len: int):
         self.token_bytes = token_bytes
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
-        self._stops: dict[tuple[str, ...], tuple[tuple[bytes, ...], int]] = {}
+        self._vocab = len(token_bytes)
+        self._stops: dict[tuple[str, ...], tuple[tuple[bytes, ...], int, bytes | None]] = {}
 
     def take(self, seq: VllmSequence, new_tokens: list[int]) -> tuple[list[int], SequenceState, EndReason]:
         """Append new_tokens to seq up to the one that ends its segment: (the tokens taken, the sequence's
         state after them, why it ended)."""
-        assert seq.params is not None
+        taken, state, reason = self.advance(seq, tuple(new_tokens))
+        return list(taken), state, reason
+
+    def advance(self, seq: VllmSequence, new_tokens: tuple[int, ...]
+                ) -> tuple[tuple[int, ...], SequenceState, EndReason]:
+        """`take`, with the tokens as a tuple and the ones taken as a tuple (new_tokens itself when it takes all)."""
+        params = seq.params
+        assert params is not None
+        n = len(new_tokens)
+        tokens = seq.tokens
+        if (n and seq.segment_tokens + n < params.max_new_tokens and len(tokens) + n < self.max_model_len
+                and (params.ignore_eos or self.eos_token_ids.isdisjoint(new_tokens))):
+            stop = params.stop
+            if stop:
+                stops, keep, single = self._stops.get(stop) or self._stop_entry(stop)
+                token_bytes, vocab = self.token_bytes, self._vocab
+                if n == 1:
+                    token = new_tokens[0]
+                    text = seq.stop_tail + (token_bytes[token] if token < vocab else b"")
+                else:
+                    text = seq.stop_tail + b"".join([token_bytes[t] if t < vocab else b"" for t in new_tokens])
+                if not (single in text if single is not None else any(s in text for s in stops)):
+                    seq.stop_tail = text[-keep:] if keep else b""
+                    tokens.extend(new_tokens)
+                    seq.segment_tokens += n
+                    return new_tokens, SequenceState.GENERATING, EndReason.STOP
+            else:
+                tokens.extend(new_tokens)
+                seq.segment_tokens += n
+                return new_tokens, SequenceState.GENERATING, EndReason.STOP
         taken: list[int] = []
         for token in new_tokens:
-            seq.tokens.append(token)
+            tokens.append(token)
             seq.segment_tokens += 1
             taken.append(token)
             ended = self._end(seq, token)
             if ended is not None:
-                return taken, *ended
-        return taken, SequenceState.GENERATING, EndReason.STOP
+                return tuple(taken), *ended
+        return tuple(taken), SequenceState.GENERATING, EndReason.STOP
 
     def _end(self, seq: VllmSequence, token: int) -> tuple[SequenceState, EndReason] | None:
         params = seq.params
@@ -109,13 +144,18 @@ class SegmentRules:
             return SequenceState.FINISHED, EndReason.LENGTH
         return None
 
-    def _hits_stop(self, seq: VllmSequence, stop: tuple[str, ...], token: int) -> bool:
+    def _stop_entry(self, stop: tuple[str, ...]) -> tuple[tuple[bytes, ...], int, bytes | None]:
+        """stop's strings as bytes, how many of a segment's last bytes a stop string can span into, and the one
+        stop string when there is one."""
         entry = self._stops.get(stop)
         if entry is None:
             stops = tuple(s.encode("utf-8") for s in stop)
-            entry = self._stops[stop] = (stops, max(len(s) for s in stops) - 1)
-        stops, keep = entry
-        text = seq.stop_tail + (self.token_bytes[token] if token < len(self.token_bytes) else b"")
+            entry = self._stops[stop] = (stops, max(len(s) for s in stops) - 1, stops[0] if len(stops) == 1 else None)
+        return entry
+
+    def _hits_stop(self, seq: VllmSequence, stop: tuple[str, ...], token: int) -> bool:
+        stops, keep, _ = self._stop_entry(stop)
+        text = seq.stop_tail + (self.token_bytes[token] if token < self._vocab else b"")
         if any(s in text for s in stops):
             seq.stop_tail = b""
             return True
