@@ -25,6 +25,7 @@ from specscale.seam import (
     SequenceState,
     StartSequence,
 )
+from specscale.search.presets import PRESETS
 from specscale.tokenizer import Tokenizer
 from specscale.vllm_backend.engine_args import (
     INSTALL_HINT,
@@ -291,7 +292,7 @@ def stack():
 
 
 @NEEDS_VLLM
-@pytest.mark.parametrize("preset", ["beam", "beam+cd", "specscale"])
+@pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_finish_on_vllm(stack, preset):
     from specscale.search.presets import preset_config
     from specscale_lab.tasks.toy import toy_problems
@@ -305,7 +306,8 @@ def test_presets_finish_on_vllm(stack, preset):
         for path in result.paths:
             assert all(step.endswith("\n\n") for step in path.steps[:-1])  # every step but the last ends there
     assert runtime.generator.num_requests == 0 and runtime.generator.num_live_sequences == 0
-    assert runtime.generator.cache_stats.hit_rate > 0.5  # branches find their source's full blocks cached
+    if preset != "best-of-n":  # every other preset branches; best-of-n samples whole paths from the prompt
+        assert runtime.generator.cache_stats.hit_rate > 0.5  # branches find their source's full blocks cached
 
 
 @NEEDS_VLLM
