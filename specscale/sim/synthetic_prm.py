@@ -53,24 +53,30 @@ class SyntheticPRM(HeadModel):
         prefix = token_ids[: position + 1]
         if self.params.step_persistence > 0 or self.params.step_drift != 0:
             return self._persistent_score(prefix)
+        readout, step, choice = self._uniforms(prefix, None)
+        if step is None:
+            return self.params.score(self.sees_error(prefix), *readout)
+        return self.params.readout_score(self.sees_error(prefix), readout, step, choice)
+
+    def _uniforms(self, prefix, start: int | None) -> tuple[tuple[float, float], tuple[float, float] | None, float]:
+        """Every draw of the readout that ends `prefix`: its own uniforms (perfect, value); with
+        partial_correlation, its step's (drawn from the prefix through the opener at `start`, found when None)
+        and the uniform choosing between them (else None and 0)."""
         key = prefix_key(self.seed, prefix)
         readout = (unit_interval(key), unit_interval(mix64(key)))
         if self.params.partial_correlation == 0:
-            return self.params.score(self.sees_error(prefix), *readout)
-        step_key = prefix_key(self.seed + 2, prefix[: self._step_start(prefix) + 1])
-        step = (unit_interval(step_key), unit_interval(mix64(step_key)))
-        return self.params.readout_score(self.sees_error(prefix), readout, step, unit_interval(mix64(mix64(key))))
+            return readout, None, 0.0
+        start = self._step_start(prefix) if start is None else start
+        step_key = prefix_key(self.seed + 2, prefix[: start + 1])
+        return readout, (unit_interval(step_key), unit_interval(mix64(step_key))), unit_interval(mix64(mix64(key)))
 
     def _draws(self, prefix, start: int) -> tuple[float, float]:
         """(the perfect branch's uniform, the continuous part's normal) of the readout that ends `prefix`, in a
         step that opens at `start`: the same draws `score` makes without step_persistence."""
-        key = prefix_key(self.seed, prefix)
-        readout = (unit_interval(key), unit_interval(mix64(key)))
-        if self.params.partial_correlation == 0:
+        readout, step, choice = self._uniforms(prefix, start)
+        if step is None:
             return readout[0], self.params.readout_normal(readout)
-        step_key = prefix_key(self.seed + 2, prefix[: start + 1])
-        step = (unit_interval(step_key), unit_interval(mix64(step_key)))
-        u_perfect = step[0] if unit_interval(mix64(mix64(key))) < self.params.partial_correlation else readout[0]
+        u_perfect = step[0] if choice < self.params.partial_correlation else readout[0]
         return u_perfect, self.params.readout_normal(readout, step)
 
     def _persistent_score(self, prefix) -> float:
